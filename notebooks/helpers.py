@@ -1,0 +1,616 @@
+"""Shared code for the Computational Performance notebooks.
+
+Speaks the d2l API (same names and call signatures for what the chapter uses) without
+depending on d2l, and fixes the chapter's defects: device discovery falls back to the CPU,
+synchronisation works on every device, and data loading needs no torchvision.
+Only code used by two or more notebooks, or by worker processes, lives here.
+"""
+import gzip
+import hashlib
+import json
+import math
+import os
+import pickle
+import platform
+import socket
+import struct
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from queue import Empty
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES_DIR = Path(os.environ.get('COURSE_FIGURES_DIR', ROOT / 'figures'))
+RESULTS_DIR = Path(os.environ.get('COURSE_RESULTS_DIR', ROOT / 'build' / 'results'))
+DATA_DIR = Path(os.environ.get('COURSE_DATA_DIR', ROOT / 'data' / 'fashion-mnist'))
+
+
+# ----------------------------------------------------------------- parameters
+def check_int(name, value, minimum=1, allow_none=False):
+    """Raise a ValueError naming `name` unless `value` is an int >= minimum (or None if allowed)."""
+    if value is None and allow_none:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f'{name} must be an integer >= {minimum}, got {value!r}')
+    return value
+
+
+def check_choice(name, value, choices):
+    """Raise a ValueError naming `name` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ValueError(f'{name} must be one of {list(choices)}, got {value!r}')
+    return value
+
+
+# -------------------------------------------------------------------- devices
+def num_gpus():
+    return torch.cuda.device_count()
+
+
+def try_gpu(i=0):
+    """Return gpu(i) if it exists, otherwise the CPU."""
+    check_int('i', i, minimum=0)
+    return torch.device(f'cuda:{i}') if num_gpus() > i else torch.device('cpu')
+
+
+def try_all_gpus():
+    """Return all GPUs, or [cpu] when there is none (d2l returns [], which crashes callers)."""
+    return [torch.device(f'cuda:{i}') for i in range(num_gpus())] or [torch.device('cpu')]
+
+
+def resolve_devices(num_devices, verbose=True):
+    """Turn "k devices" into k real GPUs, or k replicas sharing what exists, and say which and why.
+
+    With fewer GPUs than asked for, replicas are placed round-robin on the GPUs there are,
+    or all on the CPU. Replicas on one device must hold their own copies of the parameters:
+    use `x.to(device, copy=True)`, because `x.to('cpu')` returns `x` itself for a CPU tensor.
+    """
+    check_int('num_devices', num_devices)
+    gpus = [torch.device(f'cuda:{i}') for i in range(num_gpus())]
+    if len(gpus) >= num_devices:
+        devices = gpus[:num_devices]
+        why = f'using {num_devices} of {len(gpus)} GPUs: {", ".join(map(str, devices))}'
+    elif gpus:
+        devices = [gpus[i % len(gpus)] for i in range(num_devices)]
+        why = (f'asked for {num_devices} GPUs, found {len(gpus)}: '
+               f'emulating {num_devices} replicas on {", ".join(map(str, gpus))}')
+    else:
+        devices = [torch.device('cpu')] * num_devices
+        why = (f'asked for {num_devices} GPU(s), found 0: '
+               f'emulating {num_devices} replica(s) on the CPU')
+    if verbose:
+        print(why)
+    return devices
+
+
+def synchronize(device=None):
+    """Wait until all work queued on `device` has finished (CPU ops are already synchronous)."""
+    device = torch.device(device) if device is not None else try_gpu()
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+    elif device.type == 'cpu':
+        torch.cpu.synchronize()
+
+
+def environment():
+    """What the measurements ran on."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(num_gpus())]
+    return {'torch': torch.__version__, 'python': platform.python_version(),
+            'cpu_count': os.cpu_count(), 'num_threads': torch.get_num_threads(),
+            'gpus': gpus, 'device': gpus[0] if gpus else f'CPU ({platform.machine()})'}
+
+
+# --------------------------------------------------------------------- timing
+class Timer:
+    """Record multiple running times (d2l)."""
+
+    def __init__(self):
+        self.times = []
+        self.start()
+
+    def start(self):
+        self.tik = time.perf_counter()
+
+    def stop(self):
+        self.times.append(time.perf_counter() - self.tik)
+        return self.times[-1]
+
+    def avg(self):
+        return sum(self.times) / len(self.times)
+
+    def sum(self):
+        return sum(self.times)
+
+    def cumsum(self):
+        out, total = [], 0.0
+        for t in self.times:
+            total += t
+            out.append(total)
+        return out
+
+
+class Benchmark:
+    """d2l's context manager for measuring run time, plus a device synchronisation at both ends."""
+
+    def __init__(self, description='Done', device=None):
+        self.description, self.device = description, device
+
+    def __enter__(self):
+        synchronize(self.device)
+        self.timer = Timer()
+        return self
+
+    def __exit__(self, *args):
+        synchronize(self.device)
+        self.elapsed = self.timer.stop()
+        print(f'{self.description}: {self.elapsed:.4f} sec')
+
+
+@dataclass
+class Measurement:
+    label: str
+    times: list = field(repr=False)  # seconds per call, one entry per repeat
+    num_threads: int
+    device: str
+
+    @property
+    def median(self):
+        s = sorted(self.times)
+        return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+
+    def __str__(self):
+        return (f'{self.label}: median {format_seconds(self.median)} over {len(self.times)} '
+                f'repeats (min {format_seconds(min(self.times))}, max '
+                f'{format_seconds(max(self.times))}; {self.device}, {self.num_threads} threads)')
+
+
+def format_seconds(s):
+    """1.5e-05 -> '15.0 us'."""
+    for unit, scale in (('s', 1), ('ms', 1e-3), ('us', 1e-6)):
+        if s >= scale:
+            return f'{s / scale:.3g} {unit}'
+    return f'{s / 1e-9:.3g} ns'
+
+
+def measure(fn, device=None, warmup=2, repeats=10, number=None, label=None, min_time=0.01):
+    """Time fn(): warm up, synchronise, repeat, and report seconds per call (median of repeats).
+
+    Each repeat runs fn `number` times; None picks a number that makes a repeat last at least
+    `min_time` seconds, so that microsecond calls are not drowned by timer overhead.
+    """
+    check_int('warmup', warmup, minimum=0)
+    check_int('repeats', repeats)
+    check_int('number', number, allow_none=True)
+    device = torch.device(device) if device is not None else torch.device('cpu')
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    if number is None:
+        tik = time.perf_counter()
+        fn()
+        synchronize(device)
+        number = max(1, math.ceil(min_time / max(time.perf_counter() - tik, 1e-9)))
+    times = []
+    for _ in range(repeats):
+        tik = time.perf_counter()
+        for _ in range(number):
+            fn()
+        synchronize(device)
+        times.append((time.perf_counter() - tik) / number)
+    return Measurement(label or getattr(fn, '__name__', 'fn'), times,
+                       torch.get_num_threads(), str(device))
+
+
+# ------------------------------------------------------------------- plotting
+def _in_notebook():
+    return 'ipykernel' in sys.modules
+
+
+def plot(X, Y=None, xlabel=None, ylabel=None, legend=(), xlim=None, ylim=None,
+         xscale='linear', yscale='linear', fmts=('-', 'm--', 'g-.', 'r:'),
+         figsize=(3.5, 2.5), axes=None):
+    """Plot data points (d2l's signature); returns the axes."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        axes = plt.figure(figsize=figsize).gca()
+    if Y is None:
+        X, Y = [[]] * len(X), X
+    elif not hasattr(Y[0], '__len__'):
+        X, Y = [X], [Y]
+    elif not hasattr(X[0], '__len__'):
+        X = [X] * len(Y)
+    for x, y, fmt in zip(X, Y, fmts * len(Y)):
+        axes.plot(x, y, fmt) if len(x) else axes.plot(y, fmt)
+    axes.set(xlabel=xlabel, ylabel=ylabel, xscale=xscale, yscale=yscale, xlim=xlim, ylim=ylim)
+    if legend:
+        axes.legend(legend)
+    axes.grid(True, alpha=0.3)
+    return axes
+
+
+def save_fig(name, fig=None, dpi=120):
+    """Save a figure as figures/<name>.png (directory overridable by COURSE_FIGURES_DIR)."""
+    import matplotlib.pyplot as plt
+    fig = fig or plt.gcf()
+    FIGURES_DIR.mkdir(parents=True, exist_ok=True)
+    path = FIGURES_DIR / f'{name}.png'
+    fig.savefig(path, dpi=dpi, bbox_inches='tight')
+    return path
+
+
+class Animator:
+    """Plot data in animation (d2l's signature). Redraws one output in place instead of
+    appending a new image per point, so headless runs (nbmake, papermill) stay small."""
+
+    def __init__(self, xlabel=None, ylabel=None, legend=(), xlim=None, ylim=None,
+                 xscale='linear', yscale='linear', fmts=('-', 'm--', 'g-.', 'r:'),
+                 nrows=1, ncols=1, figsize=(3.5, 2.5)):
+        import matplotlib.pyplot as plt
+        self.fig, axes = plt.subplots(nrows, ncols, figsize=figsize)
+        self.axes = axes if nrows * ncols > 1 else [axes]
+        self.config = dict(xlabel=xlabel, ylabel=ylabel, legend=legend, xlim=xlim, ylim=ylim,
+                           xscale=xscale, yscale=yscale, fmts=fmts, axes=self.axes[0])
+        self.X = self.Y = None
+        self.handle = None
+        plt.close(self.fig)  # shown through the display handle only
+
+    def add(self, x, y):
+        y = list(y) if hasattr(y, '__len__') else [y]
+        x = list(x) if hasattr(x, '__len__') else [x] * len(y)
+        if self.X is None:
+            self.X, self.Y = [[] for _ in y], [[] for _ in y]
+        for i, (a, b) in enumerate(zip(x, y)):
+            if a is not None and b is not None:
+                self.X[i].append(a)
+                self.Y[i].append(b)
+        self.axes[0].cla()
+        plot(self.X, self.Y, **self.config)
+        if _in_notebook():
+            from IPython import display
+            if self.handle is None:
+                self.handle = display.display(self.fig, display_id=True)
+            else:
+                self.handle.update(self.fig)
+
+
+# ---------------------------------------------------------------------- data
+FASHION_MNIST_URL = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
+# SHA-256 of the published files, as listed in tensorflow/datasets' url_checksums/fashion_mnist.txt.
+FASHION_MNIST_SHA256 = {
+    'train-images-idx3-ubyte.gz':
+        '3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84',
+    'train-labels-idx1-ubyte.gz':
+        'a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845',
+    't10k-images-idx3-ubyte.gz':
+        '346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073',
+    't10k-labels-idx1-ubyte.gz':
+        '67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5',
+}
+
+
+class DataUnavailableError(RuntimeError):
+    """The real data set is neither on disk nor downloadable."""
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_idx(path):
+    """Read an IDX file of unsigned bytes (gzipped or not) into a uint8 tensor."""
+    path = Path(path)
+    try:
+        with (gzip.open if path.suffix == '.gz' else open)(path, 'rb') as f:
+            data = f.read()
+    except (OSError, EOFError) as e:
+        raise ValueError(f'{path}: cannot read IDX file ({e})') from e
+    if len(data) < 4 or data[:3] != b'\x00\x00\x08':
+        raise ValueError(f'{path}: not an IDX file of unsigned bytes (bad magic number)')
+    header = 4 + 4 * data[3]
+    if len(data) < header:
+        raise ValueError(f'{path}: truncated IDX header')
+    dims = struct.unpack(f'>{data[3]}I', data[4:header])
+    if len(data) != header + math.prod(dims):
+        raise ValueError(f'{path}: truncated or corrupted IDX file: dimensions {dims} need '
+                         f'{header + math.prod(dims)} bytes, found {len(data)}')
+    return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(dims)
+
+
+def _fetch(name, root, download, checksums):
+    path = root / name
+    expected = checksums[name] if checksums is not None else None
+    if not path.exists():
+        how = (f'Put the four files from https://github.com/zalandoresearch/fashion-mnist into '
+               f'{root}, or pass source="synthetic" (or "auto") to use the synthetic stand-in.')
+        if not download:
+            raise DataUnavailableError(f'Fashion-MNIST file {path} is missing. {how}')
+        root.mkdir(parents=True, exist_ok=True)
+        fd, part = tempfile.mkstemp(dir=root, suffix='.part')
+        try:
+            with os.fdopen(fd, 'wb') as f, urllib.request.urlopen(FASHION_MNIST_URL + name,
+                                                                  timeout=30) as r:
+                f.write(r.read())
+            if expected is not None and sha256(part) != expected:
+                raise ValueError(f'{FASHION_MNIST_URL + name}: downloaded file fails its SHA-256 '
+                                 f'check (expected {expected}, found {sha256(part)}); not saved')
+            os.replace(part, path)  # only a complete, verified download gets the real name
+        except (urllib.error.URLError, OSError) as e:
+            raise DataUnavailableError(f'Fashion-MNIST file {path} is missing and could not be '
+                                       f'downloaded ({e}). {how}') from e
+        finally:
+            Path(part).unlink(missing_ok=True)
+    elif expected is not None and sha256(path) != expected:
+        raise ValueError(f'{path}: SHA-256 mismatch (expected {expected}, found {sha256(path)}); '
+                         'delete the file to fetch it again')
+    return read_idx(path)
+
+
+def read_fashion_mnist(root=None, download=True, checksums=FASHION_MNIST_SHA256):
+    """Return uint8 tensors (train_images, train_labels, test_images, test_labels).
+
+    Reads the IDX files in `root`, downloading missing ones (which are then cached there),
+    and verifies every file's SHA-256 against `checksums`.
+    """
+    root = Path(root) if root is not None else DATA_DIR
+    parts = [_fetch(f'{s}-{k}-idx{d}-ubyte.gz', root, download, checksums)
+             for s in ('train', 't10k') for k, d in (('images', 3), ('labels', 1))]
+    for images, labels in (parts[:2], parts[2:]):
+        if len(images) != len(labels):
+            raise ValueError(f'{root}: {len(images)} images but {len(labels)} labels')
+    return tuple(parts)
+
+
+def synthetic_fashion_mnist(num_train=60000, num_test=10000, seed=0):
+    """A deterministic, learnable stand-in with Fashion-MNIST's shapes and 10 classes:
+    each class is a smooth random 28x28 template; examples are scaled, noisy copies."""
+    g = torch.Generator().manual_seed(seed)
+    templates = F.interpolate(torch.rand(10, 1, 7, 7, generator=g), size=(28, 28),
+                              mode='bilinear', align_corners=False)[:, 0]
+
+    def make(n):
+        labels = torch.randint(0, 10, (n,), generator=g)
+        scale = 0.5 + 0.5 * torch.rand(n, 1, 1, generator=g)
+        images = templates[labels] * scale + 0.3 * torch.randn(n, 28, 28, generator=g)
+        return (images.clamp(0, 1) * 255).to(torch.uint8), labels
+    return (*make(num_train), *make(num_test))
+
+
+def fashion_mnist_datasets(source='real', root=None, num_train=None, num_test=None,
+                           download=True):
+    """Train and test TensorDatasets of (float image [1, 28, 28] in [0, 1], int64 label).
+
+    source: 'real' (error if unavailable), 'synthetic', or 'auto' (real if available,
+    otherwise synthetic). The synthetic stand-in is announced when used.
+    """
+    check_choice('source', source, ('real', 'synthetic', 'auto'))
+    check_int('num_train', num_train, allow_none=True)
+    check_int('num_test', num_test, allow_none=True)
+    data = None
+    if source != 'synthetic':
+        try:
+            data = read_fashion_mnist(root, download, checksums=FASHION_MNIST_SHA256)
+        except DataUnavailableError as e:
+            if source == 'real':
+                raise
+            print(f'Real Fashion-MNIST unavailable: {e}')
+    if data is None:
+        print('NOTICE: using the SYNTHETIC stand-in for Fashion-MNIST (deterministic, 10 classes, '
+              '28x28); accuracies are not comparable with the real data set.')
+        data = synthetic_fashion_mnist(num_train or 60000, num_test or 10000)
+    Xtr, ytr, Xte, yte = data
+    Xtr, ytr, Xte, yte = Xtr[:num_train], ytr[:num_train], Xte[:num_test], yte[:num_test]
+    as_set = lambda X, y: torch.utils.data.TensorDataset(
+        X.unsqueeze(1).float() / 255, y.long())
+    return as_set(Xtr, ytr), as_set(Xte, yte)
+
+
+def load_data_fashion_mnist(batch_size, resize=None, **kwargs):
+    """Return train and test DataLoaders (d2l's signature; keyword arguments go to
+    fashion_mnist_datasets). Images are resized per batch, without torchvision."""
+    check_int('batch_size', batch_size)
+    check_int('resize', resize, allow_none=True)
+    train, test = fashion_mnist_datasets(**kwargs)
+
+    def collate(batch):
+        X, y = torch.utils.data.default_collate(batch)
+        if resize:
+            X = F.interpolate(X, size=(resize, resize), mode='bilinear', align_corners=False)
+        return X, y
+    loader = lambda ds, shuffle: torch.utils.data.DataLoader(
+        ds, batch_size, shuffle=shuffle, collate_fn=collate)
+    return loader(train, True), loader(test, False)
+
+
+# --------------------------------------------------------------- training
+def sgd(params, lr, batch_size):
+    """Minibatch stochastic gradient descent (d2l): update in place, zero the gradients."""
+    with torch.no_grad():
+        for param in params:
+            param -= lr * param.grad / batch_size
+            param.grad.zero_()
+
+
+def evaluate_accuracy_gpu(net, data_iter, device=None):
+    """Accuracy of `net` (a Module or any callable) on `data_iter`, computed on `device`."""
+    if isinstance(net, nn.Module):
+        net.eval()
+        if device is None:
+            device = next(iter(net.parameters())).device
+    device = device if device is not None else torch.device('cpu')
+    correct = total = 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.to(device), y.to(device)
+            correct += (net(X).argmax(dim=1) == y).sum().item()
+            total += y.numel()
+    return correct / total
+
+
+class Residual(nn.Module):
+    """The residual block of ResNet."""
+
+    def __init__(self, input_channels, num_channels, use_1x1conv=False, strides=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(input_channels, num_channels, 3, padding=1, stride=strides)
+        self.conv2 = nn.Conv2d(num_channels, num_channels, 3, padding=1)
+        self.conv3 = (nn.Conv2d(input_channels, num_channels, 1, stride=strides)
+                      if use_1x1conv else None)
+        self.bn1, self.bn2 = nn.BatchNorm2d(num_channels), nn.BatchNorm2d(num_channels)
+
+    def forward(self, X):
+        Y = F.relu(self.bn1(self.conv1(X)))
+        Y = self.bn2(self.conv2(Y))
+        return F.relu(Y + (self.conv3(X) if self.conv3 is not None else X))
+
+
+def resnet18(num_classes, in_channels=1):
+    """The chapter's slightly modified ResNet-18 (3x3 stem, no max-pool: for 28x28 images)."""
+    def stage(in_c, out_c, first):
+        return nn.Sequential(Residual(in_c, out_c, use_1x1conv=not first,
+                                      strides=1 if first else 2), Residual(out_c, out_c))
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        stage(64, 64, True), stage(64, 128, False), stage(128, 256, False),
+        stage(256, 512, False), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(512, num_classes))
+
+
+# ------------------------------------------------------------------ results
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, torch.Tensor):
+        return _jsonable(x.tolist())
+    if hasattr(x, 'item') and not isinstance(x, (str, bytes)):
+        return x.item()  # numpy scalars
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def record(name, results, results_dir=None):
+    """Write a notebook's headline numbers, with the environment, as <results_dir>/<name>.json."""
+    directory = Path(results_dir) if results_dir is not None else RESULTS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f'{name}.json'
+    payload = {'notebook': name, 'environment': environment(), 'results': _jsonable(results)}
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix='.tmp')
+    with os.fdopen(fd, 'w') as f:
+        json.dump(payload, f, indent=2)
+    os.replace(tmp, path)  # readers never see a half-written file
+    print(f'recorded {len(payload["results"])} results in {path}')
+    return path
+
+
+# --------------------------------------------------------------- distributed
+def port_is_free(port, host='127.0.0.1'):
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host='127.0.0.1'):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout=60):
+    """Join the process group described by the environment (torchrun or run_workers):
+    nccl on GPUs, gloo on CPU; every collective times out after `timeout` seconds.
+    Returns (rank, world_size, device)."""
+    import torch.distributed as dist
+    rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    local_rank = int(os.environ.get('LOCAL_RANK', rank))
+    use_nccl = num_gpus() > 0 and dist.is_nccl_available()
+    device = torch.device(f'cuda:{local_rank % num_gpus()}') if use_nccl else torch.device('cpu')
+    if use_nccl:
+        torch.cuda.set_device(device)
+    dist.init_process_group('nccl' if use_nccl else 'gloo', rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout))
+    return rank, world_size, device
+
+
+def _worker_main(fn, rank, world_size, port, args, queue):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    try:
+        queue.put((rank, 'ok', pickle.dumps(fn(rank, world_size, *args))))
+    except BaseException:
+        queue.put((rank, 'error', traceback.format_exc()))
+    finally:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_workers(fn, world_size, *args, timeout=120, port=None):
+    """Run fn(rank, world_size, *args) in `world_size` fresh processes; return their results.
+
+    `fn` must live in an importable module (processes are spawned, not forked). The workers
+    find each other through MASTER_ADDR=127.0.0.1 and a free port; call init_distributed()
+    inside fn. A worker that fails or dies, or a run that exceeds `timeout` seconds, raises
+    a RuntimeError here after every worker has been stopped: nothing hangs, nothing outlives it.
+    """
+    import multiprocessing as mp
+    check_int('world_size', world_size)
+    if port is None:
+        port = free_port()
+    elif not port_is_free(check_int('port', port)):
+        raise ValueError(f'port {port} on 127.0.0.1 is busy: pass another port or port=None')
+    ctx = mp.get_context('spawn')
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker_main, args=(fn, r, world_size, port, args, queue),
+                         daemon=True) for r in range(world_size)]
+    results, deadline = {}, time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.start()
+        while len(results) < world_size:
+            try:
+                rank, status, payload = queue.get(timeout=0.2)
+            except Empty:
+                pass
+            else:
+                if status == 'error':
+                    raise RuntimeError(f'worker {rank} of {world_size} failed:\n{payload}')
+                results[rank] = pickle.loads(payload)
+                continue
+            dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                    if p.exitcode not in (None, 0) and r not in results]
+            if dead and queue.empty():
+                raise RuntimeError(f'worker {dead[0][0]} died with exit code {dead[0][1]}')
+            if time.monotonic() > deadline:
+                raise RuntimeError(f'workers timed out after {timeout} s '
+                                   f'(finished: {sorted(results)})')
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(results) == world_size else 0)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        queue.close()
+    return [results[r] for r in range(world_size)]

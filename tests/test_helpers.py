@@ -1,0 +1,354 @@
+"""Unit tests for notebooks/helpers.py, bad input included."""
+import gzip
+import hashlib
+import io
+import json
+import multiprocessing
+import socket
+import struct
+import time
+import urllib.error
+
+import pytest
+import torch
+from torch import nn
+
+import helpers as d2l
+
+CPU = torch.device('cpu')
+
+
+# -------------------------------------------------------------- parameters, devices
+@pytest.mark.parametrize('bad', [0, -1, 1.5, '2', True, None])
+def test_check_int_names_the_parameter(bad):
+    with pytest.raises(ValueError, match='num_gpus'):
+        d2l.check_int('num_gpus', bad)
+
+
+def test_check_int_and_choice_accept_good_values():
+    assert d2l.check_int('n', 3) == 3
+    assert d2l.check_int('n', None, allow_none=True) is None
+    assert d2l.check_int('n', 0, minimum=0) == 0
+    assert d2l.check_choice('s', 'a', ('a', 'b')) == 'a'
+    with pytest.raises(ValueError, match="source must be one of"):
+        d2l.check_choice('source', 'c', ('a', 'b'))
+
+
+def test_try_gpu_falls_back_to_cpu_and_rejects_negative_index():
+    assert d2l.try_gpu() == CPU  # no GPU on the CI machine
+    assert d2l.try_gpu(5) == CPU
+    with pytest.raises(ValueError, match='i must be'):
+        d2l.try_gpu(-1)
+
+
+def test_try_all_gpus_is_never_empty():
+    assert d2l.try_all_gpus() == [CPU]
+
+
+def test_resolve_devices_emulates_on_cpu(capsys):
+    assert d2l.resolve_devices(3) == [CPU] * 3
+    out = capsys.readouterr().out
+    assert 'asked for 3 GPU(s), found 0: emulating 3 replica(s) on the CPU' in out
+
+
+def test_resolve_devices_shares_the_gpus_there_are(monkeypatch, capsys):
+    monkeypatch.setattr(d2l, 'num_gpus', lambda: 2)
+    assert d2l.resolve_devices(2) == [torch.device('cuda:0'), torch.device('cuda:1')]
+    assert d2l.resolve_devices(3) == [torch.device(f'cuda:{i}') for i in (0, 1, 0)]
+    assert 'asked for 3 GPUs, found 2' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('bad', [0, -2, 2.0, 'two'])
+def test_resolve_devices_rejects_bad_counts(bad):
+    with pytest.raises(ValueError, match='num_devices'):
+        d2l.resolve_devices(bad)
+
+
+def test_synchronize_works_on_cpu():
+    d2l.synchronize(CPU)
+    d2l.synchronize('cpu')
+    d2l.synchronize()
+
+
+def test_environment_describes_the_machine():
+    env = d2l.environment()
+    assert env['torch'] == torch.__version__ and env['num_threads'] >= 1 and env['gpus'] == []
+
+
+# ----------------------------------------------------------------------- timing
+def test_timer_accumulates():
+    timer = d2l.Timer()
+    time.sleep(0.01)
+    timer.stop()
+    timer.start()
+    timer.stop()
+    assert len(timer.times) == 2 and timer.sum() >= 0.01
+    assert timer.cumsum()[-1] == pytest.approx(timer.sum())
+    assert timer.avg() == pytest.approx(timer.sum() / 2)
+
+
+def test_benchmark_context_manager_prints_and_keeps_elapsed(capsys):
+    with d2l.Benchmark('sleeping', device='cpu') as b:
+        time.sleep(0.02)
+    assert b.elapsed >= 0.02
+    assert capsys.readouterr().out.startswith('sleeping: 0.0')
+
+
+def test_measure_warms_up_repeats_and_reports_median():
+    calls = []
+    m = d2l.measure(lambda: calls.append(time.sleep(0.002)), warmup=2, repeats=5, number=1)
+    assert len(calls) == 2 + 5 and len(m.times) == 5
+    assert 0.002 <= m.median < 1 and m.num_threads == torch.get_num_threads()
+    assert 'median' in str(m) and 'threads' in str(m)
+
+
+def test_measure_picks_a_number_for_fast_functions():
+    calls = []
+    m = d2l.measure(lambda: calls.append(1), warmup=0, repeats=3, min_time=0.005)
+    assert len(calls) > 100 and m.median < 1e-4
+
+
+@pytest.mark.parametrize('kwargs', [{'repeats': 0}, {'warmup': -1}, {'number': 0}])
+def test_measure_rejects_bad_counts(kwargs):
+    with pytest.raises(ValueError):
+        d2l.measure(lambda: None, **kwargs)
+
+
+def test_format_seconds():
+    assert d2l.format_seconds(2.5) == '2.5 s'
+    assert d2l.format_seconds(1.5e-5) == '15 us'
+    assert d2l.format_seconds(3e-8) == '30 ns'
+
+
+# ---------------------------------------------------------------------- plotting
+def test_plot_save_fig_and_animator(tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use('Agg')
+    monkeypatch.setattr(d2l, 'FIGURES_DIR', tmp_path / 'figs')
+    ax = d2l.plot([1, 2, 3], [[1, 4, 9], [1, 2, 3]], 'x', 'y', legend=['sq', 'id'])
+    assert len(ax.lines) == 2
+    path = d2l.save_fig('test_plot')
+    assert path == tmp_path / 'figs' / 'test_plot.png' and path.stat().st_size > 1000
+    animator = d2l.Animator(xlabel='epoch', legend=['loss', 'acc'])
+    for epoch in range(3):
+        animator.add(epoch, (1.0 / (epoch + 1), None if epoch == 0 else 0.5))
+    assert animator.X == [[0, 1, 2], [1, 2]] and animator.Y[0] == [1.0, 0.5, 1 / 3]
+    assert animator.handle is None  # not in a notebook: nothing displayed
+
+
+# -------------------------------------------------------------------------- data
+def write_idx(path, array, gz=True, truncate=0):
+    header = struct.pack('>BBBB', 0, 0, 8, array.dim()) + struct.pack(
+        f'>{array.dim()}I', *array.shape)
+    data = header + bytes(array.flatten().tolist())
+    data = data[:len(data) - truncate]
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def idx_root(tmp_path):
+    """Small Fashion-MNIST-shaped IDX files (12 train, 5 test) and their checksums."""
+    g = torch.Generator().manual_seed(0)
+    sums = {}
+    for split, n in (('train', 12), ('t10k', 5)):
+        images = torch.randint(0, 256, (n, 28, 28), generator=g, dtype=torch.uint8)
+        labels = torch.arange(n, dtype=torch.uint8) % 10
+        sums[f'{split}-images-idx3-ubyte.gz'] = write_idx(
+            tmp_path / f'{split}-images-idx3-ubyte.gz', images)
+        sums[f'{split}-labels-idx1-ubyte.gz'] = write_idx(
+            tmp_path / f'{split}-labels-idx1-ubyte.gz', labels)
+    return tmp_path, sums
+
+
+def test_read_fashion_mnist_reads_verified_idx_files(idx_root):
+    root, sums = idx_root
+    Xtr, ytr, Xte, yte = d2l.read_fashion_mnist(root, download=False, checksums=sums)
+    assert Xtr.shape == (12, 28, 28) and Xtr.dtype == torch.uint8
+    assert ytr.tolist() == [i % 10 for i in range(12)] and Xte.shape == (5, 28, 28)
+
+
+def test_datasets_and_loaders_from_real_files(idx_root, monkeypatch):
+    root, sums = idx_root
+    monkeypatch.setattr(d2l, 'FASHION_MNIST_SHA256', sums)
+    train, test = d2l.fashion_mnist_datasets('real', root=root, download=False, num_train=10)
+    X, y = train[0]
+    assert len(train) == 10 and len(test) == 5 and X.shape == (1, 28, 28)
+    assert 0 <= X.min() and X.max() <= 1 and y.dtype == torch.int64
+    train_iter, test_iter = d2l.load_data_fashion_mnist(4, resize=32, root=root, download=False)
+    X, y = next(iter(train_iter))
+    assert X.shape == (4, 1, 32, 32) and y.shape == (4,)
+    assert sum(len(b[1]) for b in test_iter) == 5
+
+
+def test_checksum_mismatch_names_the_file(idx_root):
+    root, sums = idx_root
+    sums['t10k-labels-idx1-ubyte.gz'] = '0' * 64
+    with pytest.raises(ValueError, match='t10k-labels-idx1-ubyte.gz: SHA-256 mismatch'):
+        d2l.read_fashion_mnist(root, download=False, checksums=sums)
+
+
+def test_corrupted_gzip_names_the_file(idx_root):
+    root, sums = idx_root
+    path = root / 'train-images-idx3-ubyte.gz'
+    path.write_bytes(path.read_bytes()[:200])  # cut mid-stream
+    with pytest.raises(ValueError, match='train-images-idx3-ubyte.gz: cannot read IDX'):
+        d2l.read_fashion_mnist(root, download=False, checksums=None)
+
+
+def test_truncated_idx_names_the_file(tmp_path):
+    path = tmp_path / 'images.idx'
+    write_idx(path, torch.zeros(3, 28, 28, dtype=torch.uint8), gz=False, truncate=10)
+    with pytest.raises(ValueError, match='images.idx: truncated or corrupted'):
+        d2l.read_idx(path)
+
+
+def test_wrong_magic_names_the_file(tmp_path):
+    path = tmp_path / 'junk.idx'
+    path.write_bytes(b'not an idx file at all')
+    with pytest.raises(ValueError, match='junk.idx: not an IDX file'):
+        d2l.read_idx(path)
+
+
+def test_missing_data_without_fallback_says_how_to_proceed(tmp_path):
+    with pytest.raises(d2l.DataUnavailableError, match='source="synthetic"'):
+        d2l.fashion_mnist_datasets('real', root=tmp_path, download=False)
+
+
+def test_failed_download_leaves_nothing_behind(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError('no network')
+    monkeypatch.setattr(d2l.urllib.request, 'urlopen', offline)
+    with pytest.raises(d2l.DataUnavailableError, match='could not be downloaded'):
+        d2l.read_fashion_mnist(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_download_with_bad_checksum_is_not_saved(tmp_path, monkeypatch):
+    monkeypatch.setattr(d2l.urllib.request, 'urlopen',
+                        lambda *a, **k: io.BytesIO(b'tampered bytes'))
+    with pytest.raises(ValueError, match='fails its SHA-256 check'):
+        d2l.read_fashion_mnist(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_download_is_verified_and_cached(idx_root, tmp_path_factory, monkeypatch):
+    source, sums = idx_root
+    served = []
+
+    def serve(url, timeout):
+        served.append(url)
+        return io.BytesIO((source / url.rsplit('/', 1)[1]).read_bytes())
+    monkeypatch.setattr(d2l.urllib.request, 'urlopen', serve)
+    cache = tmp_path_factory.mktemp('cache')
+    first = d2l.read_fashion_mnist(cache, checksums=sums)
+    second = d2l.read_fashion_mnist(cache, checksums=sums)
+    assert len(served) == 4 and all(torch.equal(a, b) for a, b in zip(first, second))
+    assert sorted(p.name for p in cache.iterdir()) == sorted(sums)
+
+
+def test_auto_falls_back_to_announced_synthetic_data(tmp_path, capsys):
+    train, test = d2l.fashion_mnist_datasets('auto', root=tmp_path, download=False,
+                                             num_train=100, num_test=50)
+    assert 'SYNTHETIC' in capsys.readouterr().out
+    assert len(train) == 100 and len(test) == 50 and train[0][0].shape == (1, 28, 28)
+
+
+def test_synthetic_data_is_deterministic_and_learnable():
+    a = d2l.synthetic_fashion_mnist(2000, 500)
+    b = d2l.synthetic_fashion_mnist(2000, 500)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    Xtr, ytr, Xte, yte = (t.float() for t in a)
+    assert set(ytr.long().tolist()) == set(range(10))
+    means = torch.stack([Xtr[ytr == c].mean(0) for c in range(10)])  # nearest class mean
+    pred = torch.cdist(Xte.flatten(1), means.flatten(1)).argmin(1)
+    assert (pred == yte).float().mean() > 0.6
+
+
+@pytest.mark.parametrize('kwargs', [{'source': 'internet'}, {'num_train': 0}])
+def test_dataset_arguments_are_validated(kwargs):
+    with pytest.raises(ValueError):
+        d2l.fashion_mnist_datasets(**kwargs)
+
+
+def test_loader_rejects_bad_batch_size():
+    with pytest.raises(ValueError, match='batch_size'):
+        d2l.load_data_fashion_mnist(0, source='synthetic')
+
+
+# ---------------------------------------------------------------------- training
+def test_sgd_updates_in_place_and_zeroes_gradients():
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    (w * torch.tensor([3.0, 4.0])).sum().backward()
+    d2l.sgd([w], lr=0.5, batch_size=2)
+    assert torch.allclose(w.detach(), torch.tensor([0.25, 1.0])) and w.grad.abs().sum() == 0
+
+
+def test_evaluate_accuracy_gpu_on_module_and_callable():
+    X = torch.eye(10)
+    y = torch.arange(10)
+    y_wrong = y.clone()
+    y_wrong[:3] = 9 - y_wrong[:3]
+    data = [(X[:5], y_wrong[:5]), (X[5:], y_wrong[5:])]
+    net = nn.Linear(10, 10, bias=False)
+    nn.init.eye_(net.weight)
+    assert d2l.evaluate_accuracy_gpu(net, data) == pytest.approx(0.7)
+    assert d2l.evaluate_accuracy_gpu(lambda x: x, data, CPU) == pytest.approx(0.7)
+
+
+def test_resnet18_shapes():
+    net = d2l.resnet18(10)
+    assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    assert sum(p.numel() for p in net.parameters()) > 11_000_000
+
+
+# ----------------------------------------------------------------------- record
+def test_record_writes_json_atomically(tmp_path):
+    path = d2l.record('99_test', {'speedup': torch.tensor(2.0), 'sizes': (1, 2),
+                                  'nested': {3: [torch.tensor([1, 2])]}}, tmp_path)
+    payload = json.loads(path.read_text())
+    assert payload['results'] == {'speedup': 2.0, 'sizes': [1, 2], 'nested': {'3': [[1, 2]]}}
+    assert payload['environment']['torch'] == torch.__version__
+    assert [p.name for p in tmp_path.iterdir()] == ['99_test.json']
+
+
+# ------------------------------------------------------------------ processes
+def test_run_workers_runs_a_collective():
+    import workers
+    assert d2l.run_workers(workers.all_reduce_rank, 2, timeout=60) == [3.0, 3.0]
+
+
+def test_crashing_worker_becomes_an_error_and_nothing_survives():
+    import workers
+    tik = time.monotonic()
+    with pytest.raises(RuntimeError, match='worker 1 of 2 failed:(.|\n)*rank 1 refuses'):
+        d2l.run_workers(workers.fail_on_rank_1, 2, timeout=60)
+    assert time.monotonic() - tik < 60 and multiprocessing.active_children() == []
+
+
+def test_dead_worker_is_reported_with_its_exit_code():
+    import workers
+    with pytest.raises(RuntimeError, match='died with exit code 3'):
+        d2l.run_workers(workers.exit_hard, 1, timeout=60)
+    assert multiprocessing.active_children() == []
+
+
+def test_hung_worker_times_out_and_is_killed():
+    import workers
+    tik = time.monotonic()
+    with pytest.raises(RuntimeError, match='timed out after 4 s'):
+        d2l.run_workers(workers.sleep_forever, 2, timeout=4)
+    assert time.monotonic() - tik < 20 and multiprocessing.active_children() == []
+
+
+def test_busy_port_and_bad_world_size_are_refused_before_starting():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not d2l.port_is_free(port)
+        with pytest.raises(ValueError, match=f'port {port} on 127.0.0.1 is busy'):
+            d2l.run_workers(print, 2, port=port)
+    with pytest.raises(ValueError, match='world_size'):
+        d2l.run_workers(print, 0)
+    assert d2l.port_is_free(d2l.free_port())

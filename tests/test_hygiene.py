@@ -1,0 +1,44 @@
+"""Every notebook follows the course anatomy (see ../shared/DESIGN.md) and is committed clean."""
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / 'notebooks').glob('*.ipynb'))
+
+
+def code(cell):
+    return ''.join(cell['source']) if isinstance(cell['source'], list) else cell['source']
+
+
+def test_notebooks_are_numbered_consecutively():
+    assert NOTEBOOKS, 'no notebooks found'
+    names = [p.name for p in NOTEBOOKS]
+    assert all(re.fullmatch(r'\d\d_[a-z0-9_]+\.ipynb', n) for n in names), names
+    assert [int(n[:2]) for n in names] == list(range(1, len(names) + 1)), names
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_anatomy(path):
+    nb = json.loads(path.read_text())
+    cells = nb['cells']
+    code_cells = [c for c in cells if c['cell_type'] == 'code']
+    assert all(not c.get('outputs') and c.get('execution_count') is None for c in code_cells), \
+        'notebooks are committed without outputs'
+    params = [c for c in code_cells if 'parameters' in c.get('metadata', {}).get('tags', [])]
+    assert len(params) == 1, 'exactly one cell tagged "parameters"'
+    body = ast.parse(code(params[0])).body
+    assert body and all(isinstance(s, ast.Assign) for s in body), 'parameters: assignments only'
+    assert 'results_dir' in code(params[0]), 'results location must be a parameter'
+    source = '\n'.join(code(c) for c in code_cells)
+    assert re.search(r'^import helpers as d2l$|^from helpers import', source, re.M)
+    assert "'google.colab' in sys.modules" in source, 'Colab install cell'
+    assert 'colab-badge.svg' in ''.join(code(c) for c in cells if c['cell_type'] == 'markdown')
+    assert 'd2l.record(' in source, 'headline numbers are recorded'
+    headings = [code(c) for c in cells if c['cell_type'] == 'markdown']
+    assert code(cells[0]).startswith(f'# {int(path.name[:2])}. ')
+    assert any('## Exercises' in h for h in headings)
+    assert any(re.search(r'### Solution', h) for h in headings), 'at least one worked solution'
+    assert nb['metadata']['kernelspec']['name'] == 'python3'
