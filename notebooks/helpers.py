@@ -86,8 +86,8 @@ def resolve_devices(num_devices, verbose=True):
                f'emulating {num_devices} replicas on {", ".join(map(str, gpus))}')
     else:
         devices = [torch.device('cpu')] * num_devices
-        why = (f'asked for {num_devices} GPU(s), found 0: '
-               f'emulating {num_devices} replica(s) on the CPU')
+        why = (f'asked for {num_devices} GPU(s), found 0: ' + (
+            f'emulating {num_devices} replicas on the CPU' if num_devices > 1 else 'using the CPU'))
     if verbose:
         print(why)
     return devices
@@ -375,18 +375,22 @@ def read_fashion_mnist(root=None, download=True, checksums=FASHION_MNIST_SHA256)
 
 
 def synthetic_fashion_mnist(num_train=60000, num_test=10000, seed=0):
-    """A deterministic, learnable stand-in with Fashion-MNIST's shapes and 10 classes:
-    each class is a smooth random 28x28 template; examples are scaled, noisy copies."""
+    """A deterministic, learnable stand-in with Fashion-MNIST's shapes and 10 classes: each class
+    is a smooth random 28x28 template sharing a common base; examples are scaled, noisy copies."""
     g = torch.Generator().manual_seed(seed)
-    templates = F.interpolate(torch.rand(10, 1, 7, 7, generator=g), size=(28, 28),
-                              mode='bilinear', align_corners=False)[:, 0]
+    smooth = lambda n: F.interpolate(torch.rand(n, 1, 7, 7, generator=g), size=(28, 28),
+                                     mode='bilinear', align_corners=False)[:, 0]
+    templates = 0.6 * smooth(1) + 0.4 * smooth(10)
 
     def make(n):
         labels = torch.randint(0, 10, (n,), generator=g)
         scale = 0.5 + 0.5 * torch.rand(n, 1, 1, generator=g)
-        images = templates[labels] * scale + 0.3 * torch.randn(n, 28, 28, generator=g)
+        images = templates[labels] * scale + 0.35 * torch.randn(n, 28, 28, generator=g)
         return (images.clamp(0, 1) * 255).to(torch.uint8), labels
     return (*make(num_train), *make(num_test))
+
+
+_loaded = {}  # (source, root, download) -> uint8 tensors, so that a notebook reads data once
 
 
 def fashion_mnist_datasets(source='real', root=None, num_train=None, num_test=None,
@@ -394,33 +398,37 @@ def fashion_mnist_datasets(source='real', root=None, num_train=None, num_test=No
     """Train and test TensorDatasets of (float image [1, 28, 28] in [0, 1], int64 label).
 
     source: 'real' (error if unavailable), 'synthetic', or 'auto' (real if available,
-    otherwise synthetic). The synthetic stand-in is announced when used.
+    otherwise synthetic). The synthetic stand-in is announced when first used.
     """
     check_choice('source', source, ('real', 'synthetic', 'auto'))
     check_int('num_train', num_train, allow_none=True)
     check_int('num_test', num_test, allow_none=True)
-    data = None
-    if source != 'synthetic':
-        try:
-            data = read_fashion_mnist(root, download, checksums=FASHION_MNIST_SHA256)
-        except DataUnavailableError as e:
-            if source == 'real':
-                raise
-            print(f'Real Fashion-MNIST unavailable: {e}')
-    if data is None:
-        print('NOTICE: using the SYNTHETIC stand-in for Fashion-MNIST (deterministic, 10 classes, '
-              '28x28); accuracies are not comparable with the real data set.')
-        data = synthetic_fashion_mnist(num_train or 60000, num_test or 10000)
-    Xtr, ytr, Xte, yte = data
+    key = (source, str(root), download)
+    if key not in _loaded:
+        data = None
+        if source != 'synthetic':
+            try:
+                data = read_fashion_mnist(root, download, checksums=FASHION_MNIST_SHA256)
+            except DataUnavailableError as e:
+                if source == 'real':
+                    raise
+                print(f'Real Fashion-MNIST unavailable ({str(e).split(". ")[0]}).')
+        if data is None:
+            print('NOTICE: using the SYNTHETIC stand-in for Fashion-MNIST (deterministic, '
+                  '10 classes, 28x28): accuracies are not comparable with the real data set.')
+            data = synthetic_fashion_mnist()
+        _loaded[key] = data
+    Xtr, ytr, Xte, yte = _loaded[key]
     Xtr, ytr, Xte, yte = Xtr[:num_train], ytr[:num_train], Xte[:num_test], yte[:num_test]
     as_set = lambda X, y: torch.utils.data.TensorDataset(
         X.unsqueeze(1).float() / 255, y.long())
     return as_set(Xtr, ytr), as_set(Xte, yte)
 
 
-def load_data_fashion_mnist(batch_size, resize=None, **kwargs):
+def load_data_fashion_mnist(batch_size, resize=None, drop_last=False, **kwargs):
     """Return train and test DataLoaders (d2l's signature; keyword arguments go to
-    fashion_mnist_datasets). Images are resized per batch, without torchvision."""
+    fashion_mnist_datasets). Images are resized per batch, without torchvision.
+    drop_last drops a final, smaller training batch."""
     check_int('batch_size', batch_size)
     check_int('resize', resize, allow_none=True)
     train, test = fashion_mnist_datasets(**kwargs)
@@ -430,9 +438,9 @@ def load_data_fashion_mnist(batch_size, resize=None, **kwargs):
         if resize:
             X = F.interpolate(X, size=(resize, resize), mode='bilinear', align_corners=False)
         return X, y
-    loader = lambda ds, shuffle: torch.utils.data.DataLoader(
-        ds, batch_size, shuffle=shuffle, collate_fn=collate)
-    return loader(train, True), loader(test, False)
+    loader = lambda ds, shuffle, drop: torch.utils.data.DataLoader(
+        ds, batch_size, shuffle=shuffle, collate_fn=collate, drop_last=drop)
+    return loader(train, True, drop_last), loader(test, False, False)
 
 
 # --------------------------------------------------------------- training

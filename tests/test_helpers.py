@@ -47,8 +47,10 @@ def test_try_all_gpus_is_never_empty():
 
 def test_resolve_devices_emulates_on_cpu(capsys):
     assert d2l.resolve_devices(3) == [CPU] * 3
+    assert d2l.resolve_devices(1) == [CPU]
     out = capsys.readouterr().out
-    assert 'asked for 3 GPU(s), found 0: emulating 3 replica(s) on the CPU' in out
+    assert 'asked for 3 GPU(s), found 0: emulating 3 replicas on the CPU' in out
+    assert 'asked for 1 GPU(s), found 0: using the CPU' in out
 
 
 def test_resolve_devices_shares_the_gpus_there_are(monkeypatch, capsys):
