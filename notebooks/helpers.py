@@ -612,7 +612,7 @@ def run_workers(fn, world_size, *args, timeout=120, port=None):
                 raise RuntimeError(f'workers timed out after {timeout} s '
                                    f'(finished: {sorted(results)})')
     finally:
-        for p in procs:
+        for p in (p for p in procs if p.pid is not None):  # the ones that started
             p.join(timeout=5 if len(results) == world_size else 0)
             if p.is_alive():
                 p.terminate()
