@@ -45,6 +45,29 @@ def check_int(name, value, minimum=1, allow_none=False):
     return value
 
 
+def check_positive(name, value):
+    """Raise a ValueError naming `name` unless `value` is a positive number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f'{name} must be a positive number, got {value!r}')
+    return value
+
+
+def check_device(name, value):
+    """Turn a device parameter into a torch.device (None: try_gpu()), or raise a ValueError
+    naming the parameter if it is malformed or absent from this machine."""
+    if value is None:
+        return try_gpu()
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f'{name}={value!r} is not a device name ({e})') from None
+    if device.type == 'cuda' and (device.index or 0) >= num_gpus():
+        raise ValueError(f'{name}={value!r}, but this machine has {num_gpus()} GPU(s)')
+    if device.type not in ('cpu', 'cuda'):
+        raise ValueError(f'{name}={value!r}: only cpu and cuda devices are supported')
+    return device
+
+
 def check_choice(name, value, choices):
     """Raise a ValueError naming `name` unless `value` is one of `choices`."""
     if value not in choices:

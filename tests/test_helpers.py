@@ -34,6 +34,21 @@ def test_check_int_and_choice_accept_good_values():
         d2l.check_choice('source', 'c', ('a', 'b'))
 
 
+@pytest.mark.parametrize('bad', [0, -0.1, '1', True, None])
+def test_check_positive_names_the_parameter(bad):
+    with pytest.raises(ValueError, match='lr must be a positive number'):
+        d2l.check_positive('lr', bad)
+
+
+def test_check_device():
+    assert d2l.check_device('device', None) == CPU
+    assert d2l.check_device('device', 'cpu') == CPU
+    for bad, message in (('cuda:2', 'has 0 GPU'), ('gpu0', 'not a device name'),
+                         ('meta', 'only cpu and cuda')):
+        with pytest.raises(ValueError, match=f"device='{bad}'.*{message}"):
+            d2l.check_device('device', bad)
+
+
 def test_try_gpu_falls_back_to_cpu_and_rejects_negative_index():
     assert d2l.try_gpu() == CPU  # no GPU on the CI machine
     assert d2l.try_gpu(5) == CPU
