@@ -565,18 +565,21 @@ def free_port(host='127.0.0.1'):
         return s.getsockname()[1]
 
 
-def init_distributed(timeout=60):
-    """Join the process group described by the environment (torchrun or run_workers):
-    nccl on GPUs, gloo on CPU; every collective times out after `timeout` seconds.
-    Returns (rank, world_size, device)."""
+def init_distributed(timeout=60, backend=None):
+    """Join the process group described by the environment (torchrun or run_workers).
+    backend None: nccl when every rank has a GPU of its own, else gloo (ranks sharing a GPU
+    use it through gloo; without GPUs they use the CPU). Every collective times out after
+    `timeout` seconds. Returns (rank, world_size, device)."""
     import torch.distributed as dist
     rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     local_rank = int(os.environ.get('LOCAL_RANK', rank))
-    use_nccl = num_gpus() > 0 and dist.is_nccl_available()
-    device = torch.device(f'cuda:{local_rank % num_gpus()}') if use_nccl else torch.device('cpu')
-    if use_nccl:
+    gpus = num_gpus()
+    device = torch.device(f'cuda:{local_rank % gpus}') if gpus else torch.device('cpu')
+    if backend is None:
+        backend = 'nccl' if gpus >= world_size and dist.is_nccl_available() else 'gloo'
+    if device.type == 'cuda':
         torch.cuda.set_device(device)
-    dist.init_process_group('nccl' if use_nccl else 'gloo', rank=rank, world_size=world_size,
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
     return rank, world_size, device
 

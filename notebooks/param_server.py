@@ -1,5 +1,7 @@
 """Parameter servers and all-reduce over torch.distributed point-to-point messages (notebook 07).
 
+Messages are CPU tensors over gloo on every machine, so that one code path runs everywhere.
+
 The functions ending in `_worker` are process entry points for helpers.run_workers; they live
 here because spawned processes must import them. Everything else is called inside them or
 in the notebook.
@@ -125,7 +127,7 @@ def check_collectives_worker(rank, world_size, sizes, dtypes):
     """Compare ring and naive all-reduce with dist.all_reduce for n = 2..world_size, every
     size and dtype; returns the largest |difference| relative to the largest |sum| per case
     (rank 0's view). Sums taken in another order differ by float rounding, never more."""
-    helpers.init_distributed(timeout=60)
+    helpers.init_distributed(timeout=60, backend='gloo')
     groups, errors = _groups(world_size), {}
     for n, group in groups.items():
         for dtype in dtypes:
@@ -149,7 +151,7 @@ def check_collectives_worker(rank, world_size, sizes, dtypes):
 def benchmark_worker(rank, world_size, sizes_bytes, repeats, group_sizes):
     """Time ring, naive and dist.all_reduce over float32 messages, and one-way send/recv
     between ranks 0 and 1 (for fitting latency and bandwidth). Rank 0 reports medians."""
-    helpers.init_distributed(timeout=120)
+    helpers.init_distributed(timeout=120, backend='gloo')
     groups = _groups(world_size)
     algorithms = {'ring': lambda x, n: ring_allreduce(x, range(n)),
                   'naive': lambda x, n: naive_allreduce(x, range(n)),
@@ -288,7 +290,7 @@ def ps_train_worker(rank, world_size, config):
     if world_size != cfg['workers'] + cfg['servers']:
         raise ValueError(f'world_size {world_size} != workers {cfg["workers"]} + '
                          f'servers {cfg["servers"]}')
-    helpers.init_distributed(timeout=120)
+    helpers.init_distributed(timeout=120, backend='gloo')
     workers = list(range(cfg['workers']))
     servers = list(range(cfg['workers'], world_size))
     params, data = _model_and_data(cfg, rank if rank in workers else None)
@@ -320,7 +322,7 @@ def ps_train_worker(rank, world_size, config):
 def allreduce_train_worker(rank, world_size, config):
     """The same training with dist.all_reduce of the gradients and an SGD step on every worker."""
     cfg = {**PS_DEFAULTS, **config, 'workers': world_size}
-    helpers.init_distributed(timeout=120)
+    helpers.init_distributed(timeout=120, backend='gloo')
     params, (X, y) = _model_and_data(cfg, rank)
     for step in range(cfg['steps']):
         grads = _grads(params, X[step], y[step])

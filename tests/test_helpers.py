@@ -330,6 +330,23 @@ def test_record_writes_json_atomically(tmp_path):
 
 
 # ------------------------------------------------------------------ processes
+@pytest.mark.parametrize('gpus, world, backend, device', [
+    (0, 2, 'gloo', 'cpu'), (2, 2, 'nccl', 'cuda:1'), (1, 2, 'gloo', 'cuda:0')])
+def test_init_distributed_picks_backend_and_device(monkeypatch, gpus, world, backend, device):
+    calls = {}
+    monkeypatch.setattr(d2l, 'num_gpus', lambda: gpus)
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda d: None)
+    monkeypatch.setattr(torch.distributed, 'is_nccl_available', lambda: True)
+    monkeypatch.setattr(torch.distributed, 'init_process_group',
+                        lambda b, **kw: calls.update(backend=b, **kw))
+    monkeypatch.setenv('RANK', '1')
+    monkeypatch.setenv('WORLD_SIZE', str(world))
+    monkeypatch.delenv('LOCAL_RANK', raising=False)
+    rank, world_size, dev = d2l.init_distributed(timeout=7)
+    assert (rank, world_size, str(dev)) == (1, world, device)
+    assert calls['backend'] == backend and calls['timeout'].total_seconds() == 7
+
+
 def test_run_workers_runs_a_collective():
     import workers
     assert d2l.run_workers(workers.all_reduce_rank, 2, timeout=60) == [3.0, 3.0]
