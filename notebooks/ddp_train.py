@@ -29,10 +29,7 @@ DEFAULTS = {'batch_size': 256, 'lr': 0.1, 'epochs': 1, 'num_train': None, 'num_t
 
 def check_config(config, world_size):
     """Validate a run's settings before any process starts; returns the completed config."""
-    unknown = set(config) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f'unknown setting(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}')
-    cfg = {**DEFAULTS, **config}
+    cfg = helpers.with_defaults(config, DEFAULTS)
     helpers.check_int('world_size', world_size)
     for name in ('batch_size', 'epochs', 'timeout'):
         helpers.check_int(name, cfg[name])
@@ -48,10 +45,10 @@ def check_config(config, world_size):
     return cfg
 
 
-def _max_over_ranks(local, reference_rank=0):
-    """Largest |local - local on reference_rank| over all ranks."""
+def _max_over_ranks(local):
+    """Largest |local - rank 0's local| over all ranks."""
     reference = local.clone()
-    dist.broadcast(reference, src=reference_rank)
+    dist.broadcast(reference, src=0)
     diff = (local - reference).abs().max()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     return diff.item()
@@ -123,7 +120,7 @@ def main():
         parser.error('run me with torchrun --nproc_per_node=N (or from helpers.run_workers)')
     world_size = int(os.environ['WORLD_SIZE'])
     config = {k: v for k, v in vars(args).items() if v is not None}
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(helpers.cores_per_process(world_size))
     try:
         result = train(int(os.environ['RANK']), world_size, config)
     finally:

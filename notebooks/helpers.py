@@ -5,6 +5,7 @@ depending on d2l, and fixes the chapter's defects: device discovery falls back t
 synchronisation works on every device, and data loading needs no torchvision.
 Only code used by two or more notebooks, or by worker processes, lives here.
 """
+import contextlib
 import gzip
 import hashlib
 import json
@@ -66,6 +67,14 @@ def check_device(name, value):
     if device.type not in ('cpu', 'cuda'):
         raise ValueError(f'{name}={value!r}: only cpu and cuda devices are supported')
     return device
+
+
+def with_defaults(config, defaults):
+    """`defaults` updated by `config`; a ValueError names any setting `defaults` lacks."""
+    unknown = set(config) - set(defaults)
+    if unknown:
+        raise ValueError(f'unknown setting(s) {sorted(unknown)}; known: {sorted(defaults)}')
+    return {**defaults, **config}
 
 
 def check_choice(name, value, choices):
@@ -160,6 +169,22 @@ class Timer:
             total += t
             out.append(total)
         return out
+
+
+@contextlib.contextmanager
+def num_threads(n):
+    """Run a block with `n` intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(check_int('n', n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def cores_per_process(world_size):
+    """Intra-op threads for each of `world_size` processes sharing this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // world_size)
 
 
 class Benchmark:
@@ -587,7 +612,7 @@ def init_distributed(timeout=60, backend=None):
 def _worker_main(fn, rank, world_size, port, args, queue):
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(cores_per_process(world_size))
     try:
         queue.put((rank, 'ok', pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:

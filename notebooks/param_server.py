@@ -15,6 +15,17 @@ import helpers
 
 
 # ----------------------------------------------------------------- key-value store
+def _check_key(key, known):
+    if key not in known:
+        raise KeyError(f'unknown key {key!r}; known keys: {sorted(known)}')
+
+
+def _check_push(key, value, shape):
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f'push to {key!r}: shape {tuple(value.shape)} does not match '
+                         f'{tuple(shape)}')
+
+
 class KVStore:
     """In-process key-value store: push(key, value) adds into the key's pending sum, pull(key)
     applies the pending sum through `updater` (default: replace) and returns the value.
@@ -33,19 +44,13 @@ class KVStore:
         self._values[key] = value.detach().clone()
         self._pending[key] = []
 
-    def _check(self, key):
-        if key not in self._values:
-            raise KeyError(f'unknown key {key!r}; known keys: {sorted(self._values)}')
-
     def push(self, key, value):
-        self._check(key)
-        if value.shape != self._values[key].shape:
-            raise ValueError(f'push to {key!r}: shape {tuple(value.shape)} does not match '
-                             f'{tuple(self._values[key].shape)}')
+        _check_key(key, self._values)
+        _check_push(key, value, self._values[key].shape)
         self._pending[key].append(value.detach().clone())
 
     def pull(self, key):
-        self._check(key)
+        _check_key(key, self._values)
         pending = self._pending[key]
         if pending:
             ordered = sorted(pending, key=lambda t: t.cpu().numpy().tobytes())
@@ -59,9 +64,8 @@ class KVStore:
 
 # ------------------------------------------------------------ collectives from send/recv
 def _ring(ranks):
-    if ranks is not None and len(ranks) < 2:  # refused before touching the process group
-        raise ValueError(f'a ring needs at least 2 processes, got {len(ranks)}')
-    ranks = list(range(dist.get_world_size())) if ranks is None else list(ranks)
+    # explicit ranks are checked before the process group is touched
+    ranks = list(range(dist.get_world_size()) if ranks is None else ranks)
     if len(ranks) < 2:
         raise ValueError(f'a ring needs at least 2 processes, got {len(ranks)}')
     if dist.get_rank() not in ranks:
@@ -221,19 +225,13 @@ class RemoteKVStore:
                       for j, key in enumerate(sorted(self.shapes))}
         self._requests = []
 
-    def _check(self, key):
-        if key not in self.shapes:
-            raise KeyError(f'unknown key {key!r}; known keys: {sorted(self.shapes)}')
-
     def push(self, key, value):
-        self._check(key)
-        if tuple(value.shape) != tuple(self.shapes[key]):
-            raise ValueError(f'push to {key!r}: shape {tuple(value.shape)} does not match '
-                             f'{tuple(self.shapes[key])}')
+        _check_key(key, self.shapes)
+        _check_push(key, value, self.shapes[key])
         self._requests.append(dist.isend(value.contiguous(), self.owner[key]))
 
     def pull(self, key):
-        self._check(key)
+        _check_key(key, self.shapes)
         out = torch.empty(self.shapes[key])
         self._requests.append(dist.irecv(out, self.owner[key]))
         return out  # valid after wait()
@@ -283,10 +281,7 @@ PS_DEFAULTS = {'workers': 2, 'servers': 1, 'features': 64, 'batch': 32, 'steps':
 def ps_train_worker(rank, world_size, config):
     """Ranks [0, workers) are workers, the rest servers. Workers push gradients and pull
     parameters through RemoteKVStore; returns worker 0's final parameters and step times."""
-    unknown = set(config) - set(PS_DEFAULTS)
-    if unknown:
-        raise ValueError(f'unknown setting(s) {sorted(unknown)}; known: {sorted(PS_DEFAULTS)}')
-    cfg = {**PS_DEFAULTS, **config}
+    cfg = helpers.with_defaults(config, PS_DEFAULTS)
     if world_size != cfg['workers'] + cfg['servers']:
         raise ValueError(f'world_size {world_size} != workers {cfg["workers"]} + '
                          f'servers {cfg["servers"]}')

@@ -131,6 +131,25 @@ def test_measure_rejects_bad_counts(kwargs):
         d2l.measure(lambda: None, **kwargs)
 
 
+def test_num_threads_restores_the_previous_count_even_on_error():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match='inside'):
+        with d2l.num_threads(1):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError('inside')
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match='n must be'):
+        with d2l.num_threads(0):
+            pass
+    assert torch.get_num_threads() == before and d2l.cores_per_process(10**6) == 1
+
+
+def test_with_defaults_merges_and_names_unknown_settings():
+    assert d2l.with_defaults({'a': 2}, {'a': 1, 'b': 3}) == {'a': 2, 'b': 3}
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['c'\]"):
+        d2l.with_defaults({'c': 1}, {'a': 1})
+
+
 def test_format_seconds():
     assert d2l.format_seconds(2.5) == '2.5 s'
     assert d2l.format_seconds(1.5e-5) == '15 us'
