@@ -5,9 +5,19 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+MODULES   := $(wildcard notebooks/*.py)
+EXECUTED  := $(NOTEBOOKS:notebooks/%=build/executed/%)
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup run figures test lint lab sweep clean
+# make lab: JupyterLab on 127.0.0.1, as root too (containers and cloud VMs run as root).
+LAB_DIR  ?= notebooks
+LAB_PORT ?= 8888
+LAB_ARGS ?=
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+# make html: the static site, from executed notebooks (reused when newer than their sources).
+SITE_DIR ?= build/site
+
+.PHONY: setup run figures test lint lab sweep html colab clean
 
 setup: $(STAMP)
 
@@ -18,26 +28,35 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	@touch $@
 	@echo "setup: $(VENV) ready ($$($(BIN)/python -c 'import torch; print("torch", torch.__version__)'))"
 
+build/executed/%.ipynb: notebooks/%.ipynb $(MODULES) | $(STAMP)
+	@mkdir -p build/executed build/partial
+	@echo "== $<"
+	$(BIN)/papermill --cwd notebooks --no-progress-bar $< build/partial/$*.ipynb
+	@mv build/partial/$*.ipynb $@
+
 run: setup  ## execute every notebook headlessly into build/executed/
-	@mkdir -p build/executed
-	@for nb in $(NOTEBOOKS); do \
-		echo "== $$nb"; \
-		$(BIN)/papermill --cwd notebooks --no-progress-bar "$$nb" "build/executed/$$(basename $$nb)" || exit 1; \
-	done
+	@rm -f $(EXECUTED)
+	@$(MAKE) --no-print-directory $(EXECUTED)
 	@echo "executed notebooks: build/executed/   figures: figures/   results: build/results/"
 
 figures: run
 
+html: $(EXECUTED)  ## a static site of the executed course: build/site/index.html
+	$(BIN)/python scripts/site.py --out $(SITE_DIR)
+
 lint: setup
-	$(BIN)/ruff check notebooks tests $(wildcard scripts)
+	$(BIN)/ruff check notebooks tests scripts
 
 test: setup lint
 	$(BIN)/python -m pytest
 
-lab: setup
-	$(BIN)/jupyter lab notebooks
+lab: setup  ## JupyterLab on the notebooks: make lab [LAB_PORT=8888] [LAB_ARGS=--no-browser]
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS) $(LAB_DIR)
 
-sweep: setup  ## notebooks 05 and 06 over GPU counts: make sweep COUNTS="1 2 4"
+colab: setup  ## rewrite every notebook's Colab badge and install cell from pyproject.toml
+	$(BIN)/python scripts/colab.py
+
+sweep: setup  ## notebooks over GPU counts: make sweep COUNTS="1 2 3 4"
 	$(BIN)/python scripts/sweep.py --counts $(or $(COUNTS),1 2 4)
 
 clean:

@@ -5,9 +5,11 @@ depending on d2l, and fixes the chapter's defects: device discovery falls back t
 synchronisation works on every device, and data loading needs no torchvision.
 Only code used by two or more notebooks, or by worker processes, lives here.
 """
+import ast
 import contextlib
 import gzip
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -22,7 +24,7 @@ import traceback
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from queue import Empty
 
@@ -30,9 +32,23 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
+
+def _course_root():
+    """Where the course writes figures, results, traces and data. In the repository that is the
+    folder above notebooks/; anywhere else (Colab fetches this file into /content) it is the
+    working directory. COURSE_ROOT overrides both."""
+    if os.environ.get('COURSE_ROOT'):
+        return Path(os.environ['COURSE_ROOT']).resolve()
+    here = Path(__file__).resolve().parent
+    if here.name == 'notebooks' and (here.parent / 'pyproject.toml').is_file():
+        return here.parent
+    return Path.cwd()
+
+
+ROOT = _course_root()
 FIGURES_DIR = Path(os.environ.get('COURSE_FIGURES_DIR', ROOT / 'figures'))
 RESULTS_DIR = Path(os.environ.get('COURSE_RESULTS_DIR', ROOT / 'build' / 'results'))
+TRACES_DIR = Path(os.environ.get('COURSE_TRACES_DIR', ROOT / 'build' / 'traces'))
 DATA_DIR = Path(os.environ.get('COURSE_DATA_DIR', ROOT / 'data' / 'fashion-mnist'))
 
 
@@ -77,6 +93,26 @@ def with_defaults(config, defaults):
     return {**defaults, **config}
 
 
+def check_list(name, value, check_item=None):
+    """A list parameter as a list, also when it arrives as text: papermill's `-p queue_lengths
+    [1,4]` delivers the string '[1,4]'. Each item goes through check_item(name, item) if given;
+    a ValueError names the parameter and says how to pass a list."""
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f'{name}={value!r} is not a list: write it as [1, 4], or pass '
+                             f'lists to papermill with -y "{name}: [1, 4]"') from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f'{name} must be a list, got {value!r}')
+    if check_item is not None:
+        for item in value:
+            check_item(f'each of {name}', item)
+    return list(value)
+
+
 def check_choice(name, value, choices):
     """Raise a ValueError naming `name` unless `value` is one of `choices`."""
     if value not in choices:
@@ -85,6 +121,16 @@ def check_choice(name, value, choices):
 
 
 # -------------------------------------------------------------------- devices
+def cpu():
+    """The CPU device (d2l)."""
+    return torch.device('cpu')
+
+
+def gpu(i=0):
+    """The i-th GPU device (d2l); it may not exist: try_gpu(i) falls back to the CPU."""
+    return torch.device(f'cuda:{i}')
+
+
 def num_gpus():
     return torch.cuda.device_count()
 
@@ -134,11 +180,21 @@ def synchronize(device=None):
         torch.cpu.synchronize()
 
 
+def cpu_model():
+    """The processor's model name (Linux), or what platform knows."""
+    with contextlib.suppress(OSError):
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def environment():
     """What the measurements ran on."""
     gpus = [torch.cuda.get_device_name(i) for i in range(num_gpus())]
     return {'torch': torch.__version__, 'python': platform.python_version(),
-            'cpu_count': os.cpu_count(), 'num_threads': torch.get_num_threads(),
+            'cpu': cpu_model(), 'cpu_count': os.cpu_count(),
+            'num_threads': torch.get_num_threads(),
             'gpus': gpus, 'device': gpus[0] if gpus else f'CPU ({platform.machine()})'}
 
 
@@ -223,11 +279,20 @@ class Measurement:
 
 
 def format_seconds(s):
-    """1.5e-05 -> '15.0 us'."""
+    """1.5e-05 -> '15 us' (three significant digits; 0.9999e-3 -> '1 ms', not '1e+03 us')."""
     for unit, scale in (('s', 1), ('ms', 1e-3), ('us', 1e-6)):
-        if s >= scale:
-            return f'{s / scale:.3g} {unit}'
+        if float(f'{s:.3g}') >= scale:
+            return f'{float(f"{s:.3g}") / scale:.3g} {unit}'
     return f'{s / 1e-9:.3g} ns'
+
+
+def faster_or_slower(ratio, than):
+    """Words for a ratio of two times (the other's / this one's): '1.52x faster than <than>',
+    '1.52x slower than <than>', or 'as fast as <than> (within 5%)'."""
+    if abs(ratio - 1) < 0.05:
+        return f'as fast as {than} (within 5%)'
+    return (f'{ratio:.2f}x faster than {than}' if ratio > 1 else
+            f'{1 / ratio:.2f}x slower than {than}')
 
 
 def measure(fn, device=None, warmup=2, repeats=10, number=None, label=None, min_time=0.01):
@@ -257,6 +322,86 @@ def measure(fn, device=None, warmup=2, repeats=10, number=None, label=None, min_
         times.append((time.perf_counter() - tik) / number)
     return Measurement(label or getattr(fn, '__name__', 'fn'), times,
                        torch.get_num_threads(), str(device))
+
+
+def try_script(fn):
+    """(torch.jit.script(fn), None), or (None, why) when this PyTorch cannot script it.
+    TorchScript is deprecated since PyTorch 2.x; a notebook that teaches it still runs, and
+    says why, the day it is gone. Its deprecation warning is left to the caller's filters."""
+    try:
+        return torch.jit.script(fn), None
+    except Exception as e:  # removed, or unable to compile this function
+        return None, f'torch.jit.script failed: {type(e).__name__}: {str(e).splitlines()[0]}'
+
+
+# ---------------------------------------------------------------- GPU helpers
+# What several notebooks do on a GPU, written once. Each also runs on a CPU, doing the CPU's
+# equivalent or saying why it cannot, so that CI executes these lines too. The CUDA calls are
+# those documented in torch.cuda: Event(enable_timing=True), Event.record(stream) and
+# Event.elapsed_time (milliseconds), current_stream(device), reset_peak_memory_stats and
+# max_memory_allocated(device); and torch.empty(..., pin_memory=True).
+@contextlib.contextmanager
+def device_timer(device=None):
+    """Time the work a block queues on `device`. Yields a dict whose 'seconds' is set when the
+    block ends, after that work has finished.
+
+    On a GPU: two CUDA events recorded on the device's current stream around the block, so the
+    time is the GPU's own, from the moment the stream reached the first event to the moment it
+    reached the second (idle gaps included). Work on another stream counts only if the current
+    stream waits for it (`torch.cuda.current_stream(device).wait_stream(other)`) before the
+    block ends. On a CPU, whose operators finish before they return: the wall clock."""
+    device = torch.device(device) if device is not None else try_gpu()
+    timing = {}
+    if device.type == 'cuda':
+        stream = torch.cuda.current_stream(device)
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record(stream)
+        yield timing
+        end.record(stream)
+        end.synchronize()
+        timing['seconds'] = start.elapsed_time(end) / 1e3
+    else:
+        synchronize(device)
+        tik = time.perf_counter()
+        yield timing
+        synchronize(device)
+        timing['seconds'] = time.perf_counter() - tik
+
+
+def pinned_buffers(count, shape, dtype=torch.float32):
+    """`count` page-locked (pinned) host tensors and None, or None and the reason when pinning
+    is impossible here: there is no CUDA device (pinned memory is allocated through the CUDA
+    driver), or the driver refused (pinned pages cannot be swapped out, so a large request can
+    fail where ordinary memory would not). Nothing stays allocated after a failure."""
+    check_int('count', count)
+    if not torch.cuda.is_available():
+        return None, 'no CUDA device: page-locked host memory is allocated through CUDA'
+    buffers = []
+    try:
+        for _ in range(count):
+            buffers.append(torch.empty(shape, dtype=dtype, pin_memory=True))
+    except RuntimeError as e:  # torch.OutOfMemoryError is a RuntimeError too
+        buffers.clear()
+        return None, f'pin_memory failed: {str(e).splitlines()[0]}'
+    return buffers, None
+
+
+@contextlib.contextmanager
+def peak_memory(device=None):
+    """The most memory PyTorch had allocated on `device` during a block: yields a dict whose
+    'bytes' is set when the block ends (CUDA's peak statistic, reset when the block starts).
+    On a CPU PyTorch keeps no such statistic, and 'bytes' is None."""
+    device = torch.device(device) if device is not None else try_gpu()
+    usage = {}
+    if device.type == 'cuda':
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield usage
+        synchronize(device)
+        usage['bytes'] = torch.cuda.max_memory_allocated(device)
+    else:
+        yield usage
+        usage['bytes'] = None
 
 
 # ------------------------------------------------------------------- plotting
@@ -438,6 +583,28 @@ def synthetic_fashion_mnist(num_train=60000, num_test=10000, seed=0):
     return (*make(num_train), *make(num_test))
 
 
+def _synthetic_cached():
+    """synthetic_fashion_mnist(), kept on disk beside the real data and keyed by the generator's
+    source: a worker process loads it in milliseconds instead of drawing it again (~2 s)."""
+    key = hashlib.sha256(inspect.getsource(synthetic_fashion_mnist).encode()).hexdigest()[:12]
+    path = DATA_DIR.parent / f'synthetic-fashion-mnist-{key}.pt'
+    try:
+        return tuple(torch.load(path))
+    except Exception:  # missing or damaged: draw it again
+        pass
+    data = synthetic_fashion_mnist()
+    with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix='.tmp')
+        try:
+            with os.fdopen(fd, 'wb') as f:
+                torch.save(data, f)
+            os.replace(tmp, path)  # concurrent writers each replace it whole
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return data
+
+
 _loaded = {}  # (source, root, download) -> uint8 tensors, so that a notebook reads data once
 
 
@@ -464,7 +631,7 @@ def fashion_mnist_datasets(source='real', root=None, num_train=None, num_test=No
         if data is None:
             print('NOTICE: using the SYNTHETIC stand-in for Fashion-MNIST (deterministic, '
                   '10 classes, 28x28): accuracies are not comparable with the real data set.')
-            data = synthetic_fashion_mnist()
+            data = _synthetic_cached()
         _loaded[key] = data
     Xtr, ytr, Xte, yte = _loaded[key]
     Xtr, ytr, Xte, yte = Xtr[:num_train], ytr[:num_train], Xte[:num_test], yte[:num_test]
@@ -516,16 +683,61 @@ def evaluate_accuracy_gpu(net, data_iter, device=None):
     return correct / total
 
 
-class Residual(nn.Module):
-    """The residual block of ResNet."""
+class Accumulator:
+    """Sum n running totals (d2l)."""
 
-    def __init__(self, input_channels, num_channels, use_1x1conv=False, strides=1):
+    def __init__(self, n):
+        self.data = [0.0] * n
+
+    def add(self, *args):
+        self.data = [a + float(b) for a, b in zip(self.data, args)]
+
+    def reset(self):
+        self.data = [0.0] * len(self.data)
+
+    def __getitem__(self, idx):
+        return self.data[idx]
+
+
+def accuracy(y_hat, y):
+    """The number of correct predictions (d2l: a count, not a fraction)."""
+    if y_hat.dim() > 1 and y_hat.shape[1] > 1:
+        y_hat = y_hat.argmax(dim=1)
+    return float((y_hat.type(y.dtype) == y).sum())
+
+
+def split_batch(X, y, devices):
+    """Split X and y into len(devices) shards, one on each device (d2l 12.5, saved there).
+
+    The book uses nn.parallel.scatter, which refuses CPU devices; tensor_split works on every
+    device, and a batch that does not divide evenly gives shards that differ by at most one."""
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f'X has {X.shape[0]} examples but y has {y.shape[0]}')
+    if X.shape[0] < len(devices):
+        raise ValueError(f'a batch of {X.shape[0]} cannot feed {len(devices)} devices')
+    n = len(devices)
+    return ([x.to(d) for x, d in zip(X.tensor_split(n), devices)],
+            [t.to(d) for t, d in zip(y.tensor_split(n), devices)])
+
+
+class Residual(nn.Module):
+    """The residual block of ResNet, with d2l 1.0's signature.
+
+    Without input_channels its layers are lazy and learn their input size at the first forward
+    pass, as in d2l. Give input_channels (our addition) for a module that is complete when it
+    is built: DistributedDataParallel and FSDP need every parameter to exist up front."""
+
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, input_channels=None):
         super().__init__()
-        self.conv1 = nn.Conv2d(input_channels, num_channels, 3, padding=1, stride=strides)
-        self.conv2 = nn.Conv2d(num_channels, num_channels, 3, padding=1)
-        self.conv3 = (nn.Conv2d(input_channels, num_channels, 1, stride=strides)
-                      if use_1x1conv else None)
-        self.bn1, self.bn2 = nn.BatchNorm2d(num_channels), nn.BatchNorm2d(num_channels)
+        lazy = input_channels is None
+        conv = (lambda out, **kw: nn.LazyConv2d(out, **kw)) if lazy else (
+            lambda out, i=input_channels, **kw: nn.Conv2d(i, out, **kw))
+        self.conv1 = conv(num_channels, kernel_size=3, padding=1, stride=strides)
+        self.conv2 = (nn.LazyConv2d(num_channels, kernel_size=3, padding=1) if lazy else
+                      nn.Conv2d(num_channels, num_channels, kernel_size=3, padding=1))
+        self.conv3 = conv(num_channels, kernel_size=1, stride=strides) if use_1x1conv else None
+        norm = (lambda: nn.LazyBatchNorm2d()) if lazy else (lambda: nn.BatchNorm2d(num_channels))
+        self.bn1, self.bn2 = norm(), norm()
 
     def forward(self, X):
         Y = F.relu(self.bn1(self.conv1(X)))
@@ -533,16 +745,32 @@ class Residual(nn.Module):
         return F.relu(Y + (self.conv3(X) if self.conv3 is not None else X))
 
 
-def resnet18(num_classes, in_channels=1):
-    """The chapter's slightly modified ResNet-18 (3x3 stem, no max-pool: for 28x28 images)."""
-    def stage(in_c, out_c, first):
-        return nn.Sequential(Residual(in_c, out_c, use_1x1conv=not first,
-                                      strides=1 if first else 2), Residual(out_c, out_c))
-    return nn.Sequential(
-        nn.Conv2d(in_channels, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-        stage(64, 64, True), stage(64, 128, False), stage(128, 256, False),
-        stage(256, 512, False), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(512, num_classes))
+def resnet18(num_classes, in_channels=1, width=64):
+    """The chapter's slightly modified ResNet-18 (3x3 stem, no max-pool: for 28x28 images), with
+    d2l's module names. `width` (our addition) is the channels of the first stage; the stages
+    have width, 2 width, 4 width and 8 width channels, so compute grows with width squared.
+    Every layer is built complete (no lazy modules), as DistributedDataParallel needs."""
+    check_int('width', width)
+
+    def resnet_block(in_c, out_c, num_residuals, first_block=False):
+        blocks = []
+        for i in range(num_residuals):
+            if i == 0 and not first_block:
+                blocks.append(Residual(out_c, use_1x1conv=True, strides=2, input_channels=in_c))
+            else:
+                blocks.append(Residual(out_c, input_channels=out_c if i or first_block
+                                       else in_c))
+        return nn.Sequential(*blocks)
+
+    net = nn.Sequential(nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1),
+                        nn.BatchNorm2d(width), nn.ReLU())
+    net.add_module('resnet_block1', resnet_block(width, width, 2, first_block=True))
+    net.add_module('resnet_block2', resnet_block(width, 2 * width, 2))
+    net.add_module('resnet_block3', resnet_block(2 * width, 4 * width, 2))
+    net.add_module('resnet_block4', resnet_block(4 * width, 8 * width, 2))
+    net.add_module('global_avg_pool', nn.AdaptiveAvgPool2d((1, 1)))
+    net.add_module('fc', nn.Sequential(nn.Flatten(), nn.Linear(8 * width, num_classes)))
+    return net
 
 
 # ------------------------------------------------------------------ results
@@ -565,7 +793,9 @@ def record(name, results, results_dir=None):
     directory = Path(results_dir) if results_dir is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f'{name}.json'
-    payload = {'notebook': name, 'environment': environment(), 'results': _jsonable(results)}
+    payload = {'notebook': name, 'environment': environment(),
+               'recorded_at': datetime.now(timezone.utc).isoformat(timespec='seconds'),
+               'results': _jsonable(results)}
     fd, tmp = tempfile.mkstemp(dir=directory, suffix='.tmp')
     with os.fdopen(fd, 'w') as f:
         json.dump(payload, f, indent=2)
@@ -592,26 +822,69 @@ def free_port(host='127.0.0.1'):
 
 def init_distributed(timeout=60, backend=None):
     """Join the process group described by the environment (torchrun or run_workers).
-    backend None: nccl when every rank has a GPU of its own, else gloo (ranks sharing a GPU
-    use it through gloo; without GPUs they use the CPU). Every collective times out after
-    `timeout` seconds. Returns (rank, world_size, device)."""
+    backend None: nccl when every process on this host has a GPU of its own (LOCAL_WORLD_SIZE,
+    so that 2 hosts x 8 GPUs still get nccl), else gloo: ranks sharing a GPU use it through
+    gloo; without GPUs they use the CPU. Every collective times out after `timeout` seconds.
+    Returns (rank, world_size, device)."""
     import torch.distributed as dist
     rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     local_rank = int(os.environ.get('LOCAL_RANK', rank))
+    local_world_size = int(os.environ.get('LOCAL_WORLD_SIZE', world_size))
     gpus = num_gpus()
     device = torch.device(f'cuda:{local_rank % gpus}') if gpus else torch.device('cpu')
     if backend is None:
-        backend = 'nccl' if gpus >= world_size and dist.is_nccl_available() else 'gloo'
-    if device.type == 'cuda':
-        torch.cuda.set_device(device)
+        backend = 'nccl' if gpus >= local_world_size and dist.is_nccl_available() else 'gloo'
+    if backend == 'nccl':
+        torch.cuda.set_device(device)  # nccl's communicator binds to the current device
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
     return rank, world_size, device
 
 
-def _worker_main(fn, rank, world_size, port, args, queue):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+_progress = None  # the launcher's queue, inside a worker started by run_workers
+
+
+def report(**metrics):
+    """Send metrics (for example one epoch's loss and accuracy) from a worker to the process
+    that started it: run_workers hands them to its on_progress callback while the workers are
+    still running. Under torchrun, rank 0 prints them as one JSON line instead."""
+    if _progress is not None:
+        _progress.put((int(os.environ.get('RANK', 0)), 'progress', pickle.dumps(metrics)))
+    elif os.environ.get('RANK', '0') == '0':
+        print(json.dumps({'progress': _jsonable(metrics)}), flush=True)
+
+
+def join_netns(name):
+    """Move the calling thread into the network namespace `name` (made by `ip netns add`):
+    the sockets it opens from then on live there. os.setns arrived only in Python 3.12."""
+    fd = os.open(f'/var/run/netns/{name}', os.O_RDONLY)
+    try:
+        if hasattr(os, 'setns'):
+            os.setns(fd, os.CLONE_NEWNET)
+        else:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+                errno = ctypes.get_errno()
+                raise OSError(errno, f'setns into {name}: {os.strerror(errno)}')
+    finally:
+        os.close(fd)
+
+
+def _worker_main(fn, rank, world_size, port, args, queue, placement=None):
+    global _progress
+    _progress = queue
+    master, local_rank, local_world_size = '127.0.0.1', rank, world_size
+    if placement:  # this rank's emulated host: join it before any socket is made
+        netns, _, interface = placement[rank]
+        join_netns(netns)
+        master = placement[0][1]
+        on_this_host = [r for r, (ns, _, _) in enumerate(placement) if ns == netns]
+        local_rank, local_world_size = on_this_host.index(rank), len(on_this_host)
+        os.environ.update(GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface)
+    os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(local_world_size))
     torch.set_num_threads(cores_per_process(world_size))
     try:
         queue.put((rank, 'ok', pickle.dumps(fn(rank, world_size, *args))))
@@ -623,24 +896,44 @@ def _worker_main(fn, rank, world_size, port, args, queue):
             dist.destroy_process_group()
 
 
-def run_workers(fn, world_size, *args, timeout=120, port=None):
+def run_workers(fn, world_size, *args, timeout=120, port=None, on_progress=None,
+                placement=None, start_method=None):
     """Run fn(rank, world_size, *args) in `world_size` fresh processes; return their results.
 
-    `fn` must live in an importable module (processes are spawned, not forked). The workers
+    `fn` must live in an importable module (workers start from a fresh interpreter, never a
+    fork of this one, so a notebook's state and threads do not leak into them). The workers
     find each other through MASTER_ADDR=127.0.0.1 and a free port; call init_distributed()
     inside fn. A worker that fails or dies, or a run that exceeds `timeout` seconds, raises
     a RuntimeError here after every worker has been stopped: nothing hangs, nothing outlives it.
+    Metrics a worker sends with report(...) reach on_progress(rank, metrics) as they arrive.
+    placement: one (network namespace, address, interface) per rank, to run each rank on an
+    emulated host (cluster.run_workers makes it); MASTER_ADDR is then rank 0's address.
+    start_method: None picks 'forkserver' where it exists (Linux, macOS): workers fork from one
+    fresh server process that imported torch once, instead of each importing it (about 1.5 s
+    of CPU per worker); they see os.environ as it was when that server started. 'spawn' starts
+    each worker from scratch.
     """
     import multiprocessing as mp
     check_int('world_size', world_size)
+    methods = mp.get_all_start_methods()
+    if start_method is None:
+        start_method = 'forkserver' if 'forkserver' in methods else 'spawn'
+    check_choice('start_method', start_method, methods)
+    if placement is not None and (len(placement) != world_size
+                                  or any(len(p) != 3 for p in placement)):
+        raise ValueError(f'placement must give (netns, address, interface) for each of the '
+                         f'{world_size} ranks, got {placement!r}')
     if port is None:
         port = free_port()
-    elif not port_is_free(check_int('port', port)):
+    elif placement is None and not port_is_free(check_int('port', port)):
         raise ValueError(f'port {port} on 127.0.0.1 is busy: pass another port or port=None')
-    ctx = mp.get_context('spawn')
+    ctx = mp.get_context(start_method)
+    if start_method == 'forkserver':
+        ctx.set_forkserver_preload(['torch', 'torch._dynamo', 'helpers'])  # DDP imports dynamo
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(fn, r, world_size, port, args, queue),
-                         daemon=True) for r in range(world_size)]
+    procs = [ctx.Process(target=_worker_main, daemon=True,
+                         args=(fn, r, world_size, port, args, queue, placement))
+             for r in range(world_size)]
     results, deadline = {}, time.monotonic() + timeout
     try:
         for p in procs:
@@ -652,13 +945,18 @@ def run_workers(fn, world_size, *args, timeout=120, port=None):
                 pass
             else:
                 if status == 'error':
-                    raise RuntimeError(f'worker {rank} of {world_size} failed:\n{payload}')
-                results[rank] = pickle.loads(payload)
+                    raise RuntimeError(f'rank {rank} of {world_size} failed:\n{payload}')
+                if status == 'progress':
+                    if on_progress is not None:
+                        on_progress(rank, pickle.loads(payload))
+                else:
+                    results[rank] = pickle.loads(payload)
                 continue
             dead = [(r, p.exitcode) for r, p in enumerate(procs)
                     if p.exitcode not in (None, 0) and r not in results]
             if dead and queue.empty():
-                raise RuntimeError(f'worker {dead[0][0]} died with exit code {dead[0][1]}')
+                raise RuntimeError(f'rank {dead[0][0]} of {world_size} died with exit code '
+                                   f'{dead[0][1]}')
             if time.monotonic() > deadline:
                 raise RuntimeError(f'workers timed out after {timeout} s '
                                    f'(finished: {sorted(results)})')

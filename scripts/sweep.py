@@ -1,10 +1,13 @@
-"""Run notebooks 05 and 06 through papermill over GPU counts; write a CSV table and figures.
+"""Run the multi-device notebooks (05, 06, 08) through papermill over device counts; write a CSV
+table and a figure.
 
-    python scripts/sweep.py --counts 1 2 4        (or: make sweep COUNTS="1 2 4")
+    python scripts/sweep.py --counts 1 2 3 4        (or: make sweep COUNTS="1 2 3 4")
 
-Each run gets num_gpus=N. Where the machine has fewer than N GPUs, CPU replicas (05) or CPU
-processes (06) stand in for them; the table's `stand_in` column and the printed lines say so.
-Executed notebooks go to build/sweep/, the table to build/sweep/results.csv, figures to figures/.
+Each run gets num_gpus=N and device_counts=[N], every other parameter at its default (sized for
+this machine). Where the machine has fewer than N GPUs, CPU replicas (05) or CPU processes (06,
+08) stand in for them; the table's `stand_in` column and the printed lines say so.
+Executed notebooks go to build/sweep/, the table to build/sweep/results.csv, the figure to
+figures/sweep_scaling.png.
 """
 import argparse
 import csv
@@ -23,9 +26,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'notebooks'))
 import helpers  # noqa: E402
 
-NOTEBOOKS = ('05_multi_gpu_from_scratch', '06_multi_gpu_concise')
-COLUMNS = ['notebook', 'num_gpus', 'gpus_found', 'stand_in', 'seconds_per_epoch', 'speedup',
-           'ideal_speedup', 'test_accuracy', 'equivalence_max_diff', 'run_seconds']
+NOTEBOOKS = ('05_multi_gpu_from_scratch', '06_multi_gpu_concise', '08_sharded_data_parallelism')
+COLUMNS = ['notebook', 'num_gpus', 'gpus_found', 'stand_in', 'seconds_per_epoch',
+           'seconds_per_step', 'speedup', 'ideal_speedup', 'test_accuracy',
+           'equivalence_max_diff', 'bytes_per_rank', 'bytes_per_rank_vs_ddp', 'run_seconds']
+
+
+def measured(name, r, n):
+    """The row's numbers from a notebook's recorded results for n devices."""
+    k = str(n)
+    if name.startswith('05'):
+        return {'seconds_per_epoch': r['seconds_per_epoch'][k],
+                'test_accuracy': r['test_accuracy'][k],
+                'equivalence_max_diff': r['equivalence_max_diff']}
+    if name.startswith('06'):
+        return {'seconds_per_epoch': r['ddp'][k]['seconds_per_epoch'],
+                'test_accuracy': r['ddp'][k]['test_accuracy']}
+    best = min(r['bytes_per_rank'], key=lambda s: r['bytes_per_rank'][s][k])  # 08: ZeRO
+    return {'seconds_per_step': r['seconds_per_step'][best][k],
+            'bytes_per_rank': r['bytes_per_rank'][best][k],
+            'bytes_per_rank_vs_ddp': r['bytes_per_rank'][best][k] / r['bytes_per_rank']['ddp'][k]}
 
 
 def run_one(name, n, out):
@@ -36,35 +56,33 @@ def run_one(name, n, out):
         parameters={'num_gpus': n, 'device_counts': [n], 'results_dir': str(results_dir)},
         cwd=str(ROOT / 'notebooks'), progress_bar=False)
     r = json.loads((results_dir / f'{name}.json').read_text())['results']
-    per_k = r['ddp'][str(n)] if name.startswith('06') else {
-        'seconds_per_epoch': r['seconds_per_epoch'][str(n)],
-        'test_accuracy': r['test_accuracy'][str(n)]}
     return {'notebook': name, 'num_gpus': n, 'gpus_found': r['gpus_found'],
-            'stand_in': r['gpus_found'] < n, 'seconds_per_epoch': per_k['seconds_per_epoch'],
-            'test_accuracy': per_k['test_accuracy'],
-            'equivalence_max_diff': r.get('equivalence_max_diff', ''),
+            'stand_in': r['gpus_found'] < n, **measured(name, r, n),
             'run_seconds': time.perf_counter() - tik}
 
 
 def plot(rows, counts):
-    fig, axes = plt.subplots(1, 4, figsize=(13, 2.8))
+    fig, axes = plt.subplots(1, 4, figsize=(14, 2.8))
     for name in NOTEBOOKS:
         mine = [r for r in rows if r['notebook'] == name]
+        if not mine:
+            continue
         ns = [r['num_gpus'] for r in mine]
         label = name[:2] + (' (stand-ins)' if any(r['stand_in'] for r in mine) else '')
+        if name.startswith('08'):
+            axes[3].plot(ns, [r['bytes_per_rank'] / 1e6 for r in mine], 'o-', label=label)
+            continue
         axes[0].plot(ns, [r['seconds_per_epoch'] for r in mine], 'o-', label=label)
         axes[1].plot(ns, [r['speedup'] for r in mine], 'o-', label=label)
         axes[2].plot(ns, [r['test_accuracy'] for r in mine], 'o-', label=label)
-        if name.startswith('05'):
-            axes[3].plot(ns, [r['equivalence_max_diff'] for r in mine], 'o-', label=label)
-    axes[1].plot(counts, [n / counts[0] for n in counts], 'k--', label='ideal')
-    axes[3].axhline(1e-5, color='r', ls=':', label='test threshold')
+    if not all(r['stand_in'] for r in rows):  # an ideal line only where devices are real
+        axes[1].plot(counts, [n / counts[0] for n in counts], 'k--', label='ideal')
     titles = ['seconds per epoch', f'speedup over {counts[0]}', 'test accuracy',
-              '05: max |k replicas - 1 device|']
+              '08: MB per rank, best sharded strategy']
     for ax, title in zip(axes, titles):
         ax.set(xlabel='num_gpus', title=title, xticks=counts)
-        ax.legend(fontsize=7)
-    axes[3].set_yscale('log')
+        if ax.lines:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     return helpers.save_fig('sweep_scaling', fig)
 
@@ -75,28 +93,31 @@ def main(argv=None):
     parser.add_argument('--notebooks', nargs='+', default=list(NOTEBOOKS), choices=NOTEBOOKS)
     parser.add_argument('--out', type=Path, default=ROOT / 'build' / 'sweep')
     args = parser.parse_args(argv)
-    if any(n < 1 for n in args.counts):
-        parser.error(f'--counts must be positive integers, got {args.counts}')
+    if any(n < 1 or n > 64 for n in args.counts):
+        parser.error(f'--counts must be integers from 1 to 64, got {args.counts}')
     counts = sorted(set(args.counts))
     args.out.mkdir(parents=True, exist_ok=True)
     gpus = helpers.num_gpus()
     print(f'{gpus} GPU(s) here; counts above that run on stand-ins '
-          '(CPU replicas in 05, CPU processes in 06)')
+          '(CPU replicas in 05, CPU processes in 06 and 08)')
     rows = []
     for name in args.notebooks:
         for n in counts:
             row = run_one(name, n, args.out)
             rows.append(row)
-            print(f'{name} num_gpus={n}{" (stand-ins)" if row["stand_in"] else ""}: '
-                  f'{row["seconds_per_epoch"]:.2f} s/epoch, accuracy {row["test_accuracy"]:.3f}, '
+            what = (f'{row["seconds_per_epoch"]:.2f} s/epoch, accuracy {row["test_accuracy"]:.3f}'
+                    if 'seconds_per_epoch' in row else
+                    f'{row["seconds_per_step"] * 1e3:.1f} ms/step, best sharded strategy holds '
+                    f'{row["bytes_per_rank_vs_ddp"]:.2f}x DDP\'s bytes per rank')
+            print(f'{name} num_gpus={n}{" (stand-ins)" if row["stand_in"] else ""}: {what}, '
                   f'run {row["run_seconds"]:.0f} s')
-    for row in rows:
+    for row in (r for r in rows if 'seconds_per_epoch' in r):  # 05, 06: the same global batch
         base = next(r for r in rows if r['notebook'] == row['notebook'])
         row['speedup'] = base['seconds_per_epoch'] / row['seconds_per_epoch']
         row['ideal_speedup'] = row['num_gpus'] / base['num_gpus']
     table = args.out / 'results.csv'
     with open(table, 'w', newline='') as f:
-        writer = csv.DictWriter(f, COLUMNS)
+        writer = csv.DictWriter(f, COLUMNS, restval='')
         writer.writeheader()
         writer.writerows(rows)
     figure = plot(rows, counts)

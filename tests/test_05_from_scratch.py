@@ -1,27 +1,113 @@
-"""Notebook 05 through papermill: the chapter's equivalence claim, recorded and asserted."""
-import papermill
+"""Notebook 05: the chapter's equivalence claim, the three ways to split the work, the cost of a
+synchronous step, refusals of bad parameters, a device count (k=3) that does not divide 256, and
+the plan that sizes the defaults."""
 import pytest
 
+import sizing
 
-def test_05_two_replicas_match_one_device_at_double_batch(run_notebook):
-    r = run_notebook('05_multi_gpu_from_scratch', num_gpus=2, batch_size=64, num_epochs=1,
-                     num_train=1024, num_test=256, equivalence_steps=4)
+NAME = '05_multi_gpu_from_scratch'
+
+
+def test_05_default_run_checks_the_claim_at_each_precision(default_run):
+    _, r = default_run(NAME)
     assert r['num_gpus'] == 2 and len(r['devices']) == 2
     assert r['emulated'] == (r['gpus_found'] < 2)
-    assert r['equivalence_max_diff'] < 1e-5, r['equivalence_max_diff']
-    assert r['equivalence_uneven_max_diff'] < 1e-5, r['equivalence_uneven_max_diff']
-    assert r['replica_spread'] == 0
+    assert r['equivalence_precision'] == 'float64'
+    assert r['equivalence_max_diff'] < 1e-10 and r['equivalence_uneven_max_diff'] < 1e-10
+    for precision in ('equivalence_fp32', 'equivalence_tf32'):
+        worst = max(r[precision]['max_diff'], r[precision]['uneven_max_diff'])
+        assert 0 < r[precision]['moved'] and worst < 0.1 * r[precision]['moved'], precision
     assert set(r['seconds_per_epoch']) == set(r['test_accuracy']) == {'1', '2'}
     assert all(0 <= a <= 1 for a in r['test_accuracy'].values())
-    assert all(t > 0 for t in r['seconds_per_epoch'].values())
+    assert r['fixed_batch_loss_gap'] < 1e-10
+    assert r['sharded_allreduce_max_share'] <= 0.5 + 1e-3, 'shards must balance the bytes'
+    if r['gpus_found'] == 0:  # on a CPU the shards' logits are the whole batch's, bit for bit
+        assert r['multi_device_accuracy'] == r['single_device_accuracy']
+
+
+def test_05_default_run_splits_the_work_three_ways(default_run):
+    _, r = default_run(NAME)
+    idle, model = r['pipeline_idle_fraction'], r['pipeline_bubble_model']
+    ms = sorted(idle, key=int)
+    assert ms == ['1', '2', '4', '8'] and set(model) == set(idle)
+    assert idle[ms[-1]] < idle[ms[0]], 'pipeline idle time must fall as m grows'
+    assert all(abs(model[m] - 1 / (int(m) + 1)) < 1e-12 for m in ms)  # (p-1)/(m+p-1), p=2
+    assert all(0 < idle[m] < 1 for m in ms)
+    assert r['channel_split_max_diff'] < 1e-4, 'the channel split must equal the whole'
+    moved = r['bytes_per_step']
+    assert moved['data_parallel'] == 2 * 4 * sizing.LENET_PARAMS  # the gradient, there and back
+    # activations forward and their gradients back: 2 x 20x13x13 floats an example
+    assert moved['pipeline'] == 2 * 4 * 20 * 13 * 13 * r['batch_size']
+
+
+def test_05_default_run_measures_the_cost_of_a_step(default_run):
+    _, r = default_run(NAME)
+    sync = r['sync_step']
+    t1 = {int(b): s for b, s in sync['t1_s_by_batch'].items()}
+    assert min(t1) == 1 and max(t1) == r['batch_size'] // r['num_gpus']  # 1 ... b per device
+    assert all(s > 0 for s in t1.values())
+    assert t1[max(t1)] > t1[min(t1)], 'more examples must take longer'
+    assert sync['t2_s'] > 0 and sync['t2_bytes'] == 4 * sizing.LENET_PARAMS
+    hidden = sync['smallest_hidden_batch']
+    assert hidden is None or t1[hidden] >= sync['t2_s']
+    assert set(map(int, r['accuracy_by_global_batch'])) == {64, 256, 1024}
 
 
 @pytest.mark.parametrize('params, message', [
     ({'num_gpus': 0}, 'num_gpus must be an integer >= 1'),
     ({'num_gpus': -2}, 'num_gpus must be an integer >= 1'),
     ({'num_gpus': 4, 'batch_size': 3}, 'batch_size=3 is smaller than num_gpus=4'),
+    ({'num_gpus': 1, 'batch_size': 1}, 'the exercises split each batch over 2 replicas'),
+    ({'device_counts': [1, 300]}, 'device_counts has 300 but batch_size=256'),
+    ({'device_counts': [0, 2]}, 'each of device_counts must be an integer >= 1'),
+    ({'device_counts': 'one, two'}, 'pass lists to papermill with -y'),
+    ({'microbatches': [4]}, 'give at least two micro-batch counts'),
+    ({'microbatches': '[1, 512]'}, 'each at most batch_size=256'),
+    ({'sync_batches': [0]}, 'each of sync_batches must be an integer >= 1'),
+    ({'num_train': 1000}, 'num_train=1000 is smaller than 1024'),
+    ({'lr': -1}, 'lr must be a positive number'),
     ({'data_source': 'web'}, 'data_source must be one of'),
 ])
-def test_05_refuses_bad_input_before_training(run_notebook, params, message):
-    with pytest.raises(papermill.PapermillExecutionError, match=message):
-        run_notebook('05_multi_gpu_from_scratch', **params)
+def test_05_refuses_bad_input_before_any_work(refusal, params, message):
+    error = refusal(NAME, **params)
+    assert error is not None and message in error, error
+
+
+def test_05_accepts_lists_as_text_and_rounds_the_batch_to_k(refusal):
+    """papermill's `-p device_counts [1,3]` delivers text; the default batch adapts to k."""
+    assert refusal(NAME, num_gpus=3, device_counts='[1,3]', microbatches='[1, 4]') is None
+    assert refusal(NAME, num_gpus=8, sync_batches='[1, 16]') is None
+
+
+def test_05_runs_three_devices_on_the_default_batch(run_notebook):
+    r = run_notebook(NAME, num_gpus=3, num_train=1024, num_test=256, num_epochs=1,
+                     microbatches=[1, 4], sync_batches=[1, 85])
+    assert r['num_gpus'] == 3 and len(r['devices']) == 3
+    assert r['batch_size'] == 255, 'the default 256 rounds to a multiple of 3'
+    assert r['equivalence_max_diff'] < 1e-10 and r['equivalence_uneven_max_diff'] < 1e-10
+    assert set(r['seconds_per_epoch']) == {'1', '3'}
+    assert r['pipeline_idle_fraction']['4'] < r['pipeline_idle_fraction']['1']
+    assert r['sharded_allreduce_max_share'] <= 1 / 3 + 1e-3
+
+
+@pytest.mark.parametrize('machine', ['colab-t4', 'h100'])
+@pytest.mark.parametrize('k', [1, 2, 8])
+def test_plan_05_keeps_the_book_scale_on_gpus(machine, k):
+    m = sizing.DESCRIBED[machine]
+    plan = sizing.plan_05(m, num_gpus=k, device_counts=sorted({1, k}))
+    assert plan.values == sizing.BOOK_05, plan
+    assert plan.seconds <= 0.5 * sizing.budget('05', m), plan
+    assert plan.device_bytes < m.memory and plan.host_bytes < m.host_memory
+
+
+@pytest.mark.parametrize('k', [1, 2, 3, 8])
+def test_plan_05_fits_the_cpu_budget_and_shrinks_the_work(k):
+    m = sizing.DESCRIBED['cpu-2core']
+    plan = sizing.plan_05(m, num_gpus=k, device_counts=sorted({1, k}))
+    assert plan.seconds <= 0.27 * sizing.budget('05', m), plan
+    assert plan['num_epochs'] == 2 and 2000 <= plan['num_train'] < 60000
+    assert plan['num_train'] >= 4 * 256, 'the larger-batch experiment needs 4 batches'
+    assert plan.host_bytes < m.host_memory
+    faster = sizing.Machine('fast CPU', 'cpu', flops=1e12, memory=m.memory, host_flops=1e12,
+                            host_memory=m.host_memory, host_cores=16)
+    assert sizing.plan_05(faster, num_gpus=k)['num_train'] >= plan['num_train']

@@ -1,37 +1,64 @@
-"""The DDP worker on real gloo processes: in-process launcher, torchrun, and bad input."""
+"""Notebook 06 and its workers: DDP on real gloo processes (in-process launcher and torchrun),
+progress while training, the overlap of communication with backward, bad input, the sizing plan,
+the default run's results, and a run with three processes."""
+import dataclasses
 import json
+import re
+import socket
 import subprocess
 import sys
 
-import papermill
 import pytest
+import torch
 from conftest import NOTEBOOKS
+from torch.utils.flop_counter import FlopCounterMode
 
 import ddp_train
 import helpers as d2l
+import overlap
+import sizing
 
-TINY = {'batch_size': 8, 'num_train': 16, 'num_test': 8, 'data_source': 'synthetic'}
+TINY = {'batch_size': 8, 'num_train': 16, 'num_test': 8, 'data_source': 'synthetic', 'width': 8}
+NB = '06_multi_gpu_concise'
 
 
-def test_two_gloo_processes_end_with_identical_parameters():
-    results = d2l.run_workers(ddp_train.train, 2, TINY, timeout=120)
+# ----------------------------------------------------------------------------- the workers
+def test_two_gloo_processes_report_progress_and_end_with_identical_parameters():
+    train, test = d2l.fashion_mnist_datasets('synthetic', num_train=24, num_test=8)
+    config = {**TINY, 'epochs': 2, 'data': ddp_train.arrays(train, test)}  # not TINY's 16
+    reports = []
+    results = d2l.run_workers(ddp_train.train, 2, config, timeout=120,
+                              on_progress=lambda rank, m: reports.append((rank, m)))
     assert [r['rank'] for r in results] == [0, 1]
     assert {r['backend'] for r in results} == {'gloo'}
     assert results[0]['param_digest'] == results[1]['param_digest']
     assert all(r['max_param_diff'] == 0 for r in results)
-    assert all(r['steps'] == 2 and r['per_rank_batch'] == 4 for r in results)
-    assert 0 <= results[0]['test_accuracy'] <= 1 and results[1]['test_accuracy'] is None
+    # 12 of the 24 examples given per rank, in batches of 4: 3 steps an epoch
+    assert all(r['steps'] == 6 and r['per_rank_batch'] == 4 for r in results)
+    # rank 0 reported each epoch while training, over both ranks' examples
+    assert [(rank, m['epoch']) for rank, m in reports] == [(0, 1), (0, 2)]
+    assert all(0 <= m['train_acc'] <= 1 and m['train_loss'] > 0 for _, m in reports)
+    assert results[0]['history'] == [m for _, m in reports]
+    assert results[0]['test_accuracy'] == reports[-1][1]['test_acc'] and \
+        results[1]['test_accuracy'] is None
+    # DDP broadcasts rank 0's buffers at each forward: equal then, one update apart after it
+    assert all(r['max_buffer_diff_at_last_forward'] == 0 for r in results)
+    assert results[0]['max_buffer_diff'] > 0
 
 
-def test_standalone_script_under_torchrun():
+def test_standalone_script_under_torchrun_prints_progress_lines_then_the_result():
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
            f'--master_port={d2l.free_port()}', str(NOTEBOOKS / 'ddp_train.py'),
-           '--batch-size', '8', '--num-train', '16', '--num-test', '8',
-           '--data-source', 'synthetic']
+           '--batch-size', '8', '--num-train', '16', '--num-test', '8', '--width', '8',
+           '--epochs', '2', '--data-source', 'synthetic']
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=NOTEBOOKS)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout[done.stdout.index('{'):])
-    assert result['world_size'] == 2 and result['max_param_diff'] == 0 and result['steps'] == 2
+    progress = [json.loads(line)['progress'] for line in done.stdout.splitlines()
+                if line.startswith('{"progress"')]
+    assert [p['epoch'] for p in progress] == [1, 2]   # one line per epoch, from rank 0 only
+    result = json.loads(done.stdout[done.stdout.index('{\n'):])
+    assert result['world_size'] == 2 and result['max_param_diff'] == 0 and result['steps'] == 4
+    assert result['width'] == 8 and result['history'] == progress
 
 
 def test_standalone_script_refuses_to_run_without_torchrun():
@@ -44,6 +71,9 @@ def test_standalone_script_refuses_to_run_without_torchrun():
     ({'batch_size': 7}, 2, 'batch_size=7 does not split evenly over 2 processes'),
     ({'num_train': 4, 'batch_size': 8}, 2, 'num_train=4 is smaller than one batch'),
     ({'epochs': 0}, 1, 'epochs must be'),
+    ({'width': 0}, 1, 'width must be'),
+    ({'lr': -1}, 1, 'lr must be a positive number'),
+    ({'data': [1, 2]}, 1, 'data must be'),
     ({'lr_schedule': 'cosine'}, 1, 'unknown setting'),
     ({}, 0, 'world_size'),
 ])
@@ -52,21 +82,139 @@ def test_bad_configs_are_refused_before_any_process_starts(config, world_size, m
         ddp_train.check_config(config, world_size)
 
 
+# ------------------------------------------------------------------- overlap with backward
+def test_buckets_follow_reverse_parameter_order_and_respect_the_cap():
+    params = [torch.zeros(n) for n in (10, 300, 20, 5, 400)]   # 40, 1200, 80, 20, 1600 bytes
+    buckets = overlap.buckets_by_bytes(params, cap_bytes=1300)
+    assert [[p.numel() for p in b] for b in buckets] == [[400], [5, 20, 300], [10]]
+
+
+def test_bucketed_all_reduce_equals_one_all_reduce_after_backward_and_ddp():
+    config = {'width': 8, 'batch': 2, 'bucket_mb': 0.05, 'repeats': 1,
+              'allreduce_numels': {'a': 1000}}
+    results = d2l.run_workers(overlap.overlap_worker, 2, config, timeout=120)
+    for r in results:
+        assert r['buckets'] > 2 and r['bucketed_equals_after'] and r['ddp_max_diff'] == 0
+        assert all(r[k] > 0 for k in ('backward_s', 'after_s', 'bucketed_s', 'ddp_s'))
+        assert set(r['allreduce_s']) == {'a'}
+
+
+@pytest.mark.parametrize('config, message', [
+    ({'width': 0}, 'width must be'), ({'bucket_mb': 0}, 'bucket_mb must be'),
+    ({'allreduce_numels': {'x': 0}}, "allreduce_numels\\['x'\\] must be"),
+    ({'buckets': 3}, 'unknown setting'),
+])
+def test_overlap_refuses_bad_settings(config, message):
+    with pytest.raises(ValueError, match=message):
+        overlap.check_config(config)
+
+
+# -------------------------------------------------------------------------------- sizing
+@pytest.mark.parametrize('width', [8, 64])
+def test_resnet18_cost_constants_match_a_flop_count(width):
+    with torch.device('meta'):
+        net = d2l.resnet18(10, width=width)
+        X = torch.empty(1, 1, 28, 28)
+    with FlopCounterMode(display=False) as counter:
+        net(X).sum().backward()
+    flops, params = sizing.resnet18_size_06(width)
+    assert counter.get_total_flops() == pytest.approx(flops, rel=0.02)
+    assert sum(p.numel() for p in net.parameters()) == pytest.approx(params, rel=0.02)
+
+
+@pytest.mark.parametrize('machine', ['colab-t4', 'h100'])
+@pytest.mark.parametrize('counts', [(1, 2), (1, 3), (1, 8)])
+def test_gpu_plans_keep_the_book_network_and_fit_the_budget(machine, counts):
+    m = sizing.DESCRIBED[machine]
+    plan = sizing.plan_06(m, num_gpus=max(counts), device_counts=counts)
+    assert plan['width'] == 64 and plan['batch_size'] == 256   # the book's network and batch
+    assert plan.seconds <= sizing.budget('06', m)             # about 5 minutes
+    assert plan.device_bytes <= m.memory and plan.host_bytes <= m.host_memory
+    assert plan['num_train'] >= 15000
+
+
+def test_gpu_plan_shrinks_on_a_t4_and_scales_the_timeout_with_the_work():
+    t4 = sizing.DESCRIBED['colab-t4']
+    planned = sizing.plan_06(t4)
+    assert planned['num_epochs'] * planned['num_train'] < 10 * 60000   # not the book's scale
+    book = sizing.plan_06(t4, num_epochs=10, num_train=60000, num_test=10000)
+    assert book.seconds > 5 * planned.seconds                          # 10 epochs take long
+    assert book['worker_timeout'] > 5 * planned['worker_timeout'] - 300
+    assert 'beyond' in book.why and 'num_epochs=10' in book.why
+    assert planned['worker_timeout'] > planned.seconds / 3            # room for one run
+
+
+def test_h100_plan_runs_more_of_the_book_than_a_t4():
+    t4, h100 = (sizing.plan_06(sizing.DESCRIBED[m]) for m in ('colab-t4', 'h100'))
+    assert (h100['num_epochs'] * h100['num_train'] > t4['num_epochs'] * t4['num_train'])
+    eight = dataclasses.replace(sizing.DESCRIBED['h100'], gpus=8)   # nccl, a GPU per process
+    plan = sizing.plan_06(eight, num_gpus=8, device_counts=(1, 8))
+    assert plan['num_epochs'] * plan['num_train'] >= h100['num_epochs'] * h100['num_train']
+
+
+def test_cpu_plan_narrows_the_network_to_fit_the_budget():
+    cpu = sizing.DESCRIBED['cpu-2core']
+    plan = sizing.plan_06(cpu)
+    assert plan['width'] < 64 and plan.seconds <= 0.8 * sizing.budget('06', cpu)
+    assert plan['num_epochs'] * plan['num_train'] // plan['batch_size'] >= 96   # steps to learn
+    faster = dataclasses.replace(cpu, flops=8 * cpu.flops, host_flops=8 * cpu.host_flops)
+    assert sizing.plan_06(faster)['width'] > plan['width']
+    shorter = sizing.plan_06(cpu, num_epochs=1)   # fewer steps given: the same network
+    assert shorter['width'] == plan['width'] and shorter['num_epochs'] == 1
+    assert shorter['worker_timeout'] < plan['worker_timeout']
+
+
+# ------------------------------------------------------------------------------ notebook
 @pytest.mark.parametrize('params, message', [
     ({'batch_size': 33}, 'batch_size=33 does not split evenly over 2 processes'),
+    ({'num_gpus': 3, 'batch_size': 33}, r'over 2 processes \(the two-process jobs\)'),
+    ({'num_gpus': 4, 'batch_size': 2}, r'batch_size=2 does not split evenly over 4 processes '
+                                       r'\(a DDP run\)'),
     ({'num_gpus': 0}, 'num_gpus must be'),
-    ({'num_gpus': 4, 'batch_size': 2}, 'batch_size=2 is smaller than 4 devices'),
+    ({'device_counts': 'one'}, 'device_counts'),
+    ({'device_counts': []}, 'device_counts is empty'),
+    ({'width': 0}, 'width must be'),
+    ({'worker_timeout': 0}, 'worker_timeout must be'),
+    ({'lr': 0}, 'lr must be'),
+    ({'num_train': 8}, 'num_train=8 is smaller than one batch'),
+    ({'data_source': 'imagenet'}, 'data_source must be one of'),
 ])
-def test_06_refuses_bad_input_before_training(run_notebook, params, message):
-    with pytest.raises(papermill.PapermillExecutionError, match=message):
-        run_notebook('06_multi_gpu_concise', **params)
+def test_06_refuses_bad_input_before_training(refusal, params, message):
+    error = refusal(NB, **params)
+    assert error is not None and re.search(message, error), error
 
 
-def test_06_refuses_a_busy_port(run_notebook):
-    import socket
+def test_06_refuses_a_busy_port(refusal):
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(papermill.PapermillExecutionError, match=f'master_port={port} is busy'):
-            run_notebook('06_multi_gpu_concise', master_port=port)
+        assert f'master_port={port} is busy' in refusal(NB, master_port=port)
+
+
+def test_06_default_run_learns_and_records_its_measurements(default_run):
+    _, results = default_run(NB)
+    on_cpu = results['gpus_found'] == 0
+    if on_cpu:   # the narrow network learns on the synthetic stand-in (chance: 0.1)
+        assert results['width'] < 64
+        assert results['dataparallel']['1']['test_accuracy'] >= 0.6
+        assert results['ddp']['1']['test_accuracy'] >= 0.6
+        assert results['ddp']['2']['test_accuracy'] >= 0.6
+    for run in results['ddp'].values():
+        assert run['max_param_diff'] == 0 and run['max_buffer_diff_at_last_forward'] == 0
+        assert [h['epoch'] for h in run['history']] == list(range(1, results['num_epochs'] + 1))
+    assert results['ddp']['2']['max_buffer_diff'] > 0   # one step's update apart
+    assert results['processes_left_after_crash'] == 0
+    ob = results['overlap_backward']
+    assert ob['bucketed_equals_after'] and ob['buckets'] > 1
+    assert 0 < ob['backward_s'] < ob['after_s'] and ob['bucketed_s'] > 0
+    per_byte = results['flops_per_gradient_byte']
+    assert per_byte['Inception-style'] > per_byte['ResNet-18'] > per_byte['AlexNet-style'] > 0
+
+
+def test_06_runs_three_processes_with_the_batch_adapted(run_notebook):
+    results = run_notebook(NB, num_gpus=3, num_epochs=1, num_train=144, num_test=64)
+    assert results['batch_size'] == 36   # 32 rounded up to split over 1, 2 and 3 processes
+    assert sorted(results['ddp']) == ['1', '3']
+    assert results['ddp']['3']['per_rank_batch'] == 12 and results['ddp']['3']['steps'] == 4
+    assert results['ddp']['3']['max_param_diff'] == 0

@@ -154,6 +154,7 @@ def test_format_seconds():
     assert d2l.format_seconds(2.5) == '2.5 s'
     assert d2l.format_seconds(1.5e-5) == '15 us'
     assert d2l.format_seconds(3e-8) == '30 ns'
+    assert d2l.format_seconds(0.0009996) == '1 ms'  # rounds up into the next unit
 
 
 # ---------------------------------------------------------------------- plotting
@@ -374,7 +375,7 @@ def test_run_workers_runs_a_collective():
 def test_crashing_worker_becomes_an_error_and_nothing_survives():
     import workers
     tik = time.monotonic()
-    with pytest.raises(RuntimeError, match='worker 1 of 2 failed:(.|\n)*rank 1 refuses'):
+    with pytest.raises(RuntimeError, match='rank 1 of 2 failed:(.|\n)*rank 1 refuses'):
         d2l.run_workers(workers.fail_on_rank_1, 2, timeout=60)
     assert time.monotonic() - tik < 60 and multiprocessing.active_children() == []
 
@@ -405,3 +406,139 @@ def test_busy_port_and_bad_world_size_are_refused_before_starting():
     with pytest.raises(ValueError, match='world_size'):
         d2l.run_workers(print, 0)
     assert d2l.port_is_free(d2l.free_port())
+
+
+# ------------------------------------------------------------------ d2l's names
+def test_d2l_names_the_chapter_uses_exist_with_d2l_signatures():
+    import inspect
+    sig = lambda f: list(inspect.signature(f).parameters)
+    assert sig(d2l.Residual)[:3] == ['num_channels', 'use_1x1conv', 'strides']
+    assert inspect.signature(d2l.Residual).parameters['use_1x1conv'].default is False
+    assert sig(d2l.resnet18)[:2] == ['num_classes', 'in_channels']
+    assert sig(d2l.split_batch) == ['X', 'y', 'devices']
+    assert sig(d2l.evaluate_accuracy_gpu) == ['net', 'data_iter', 'device']
+    assert sig(d2l.load_data_fashion_mnist)[:2] == ['batch_size', 'resize']
+    assert sig(d2l.sgd) == ['params', 'lr', 'batch_size'] and sig(d2l.try_gpu) == ['i']
+    assert sig(d2l.Benchmark)[0] == 'description' and sig(d2l.Accumulator) == ['n']
+    assert d2l.cpu() == CPU and d2l.gpu(1) == torch.device('cuda:1')
+
+
+def test_book_style_residual_is_lazy_and_resnet18_is_complete():
+    block = d2l.Residual(8, use_1x1conv=True, strides=2)  # d2l 1.0: input size learnt lazily
+    assert block(torch.randn(2, 3, 8, 8)).shape == (2, 8, 4, 4)
+    net = d2l.resnet18(10)
+    assert not any(isinstance(p, nn.parameter.UninitializedParameter) for p in net.parameters())
+    assert [n for n, _ in net.named_children()][3:] == [
+        'resnet_block1', 'resnet_block2', 'resnet_block3', 'resnet_block4', 'global_avg_pool',
+        'fc']
+    narrow = d2l.resnet18(10, width=8)
+    assert narrow(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    assert narrow.fc[1].in_features == 64 and net.fc[1].in_features == 512
+    with pytest.raises(ValueError, match='width'):
+        d2l.resnet18(10, width=0)
+
+
+def test_split_batch_works_on_cpu_and_uneven_batches():
+    X, y = torch.arange(14.).reshape(7, 2), torch.arange(7)
+    Xs, ys = d2l.split_batch(X, y, [CPU] * 3)
+    assert [len(s) for s in Xs] == [3, 2, 2] and torch.equal(torch.cat(ys), y)
+    with pytest.raises(ValueError, match='X has 7 examples but y has 6'):
+        d2l.split_batch(X, y[:6], [CPU])
+    with pytest.raises(ValueError, match='cannot feed 8 devices'):
+        d2l.split_batch(X, y, [CPU] * 8)
+
+
+def test_accumulator_and_accuracy_count_like_d2l():
+    metric = d2l.Accumulator(2)
+    y_hat, y = torch.tensor([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]), torch.tensor([1, 1, 1])
+    metric.add(d2l.accuracy(y_hat, y), y.numel())
+    metric.add(1, 1)
+    assert metric[0] == 3.0 and metric[1] == 4.0
+    metric.reset()
+    assert metric.data == [0.0, 0.0]
+
+
+def test_book_style_training_runs_on_a_cpu_only_machine(idx_root, monkeypatch):
+    """The chapter's call pattern (12.6) under `import helpers as d2l`: a ResNet built from
+    lazy Residual blocks, weights re-initialised with apply, DataParallel over
+    [d2l.try_gpu(i) ...], the default data loader, an Animator and a Timer."""
+    root, sums = idx_root
+    monkeypatch.setattr(d2l, 'DATA_DIR', root)
+    monkeypatch.setattr(d2l, 'FASHION_MNIST_SHA256', sums)
+    d2l._loaded.clear()
+    net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                        d2l.Residual(8), d2l.Residual(16, use_1x1conv=True, strides=2),
+                        nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(16, 10))
+    net(torch.zeros(1, 1, 28, 28))  # materialise the lazy layers, as a first batch would
+
+    def init_weights(module):
+        if type(module) in [nn.Linear, nn.Conv2d]:
+            nn.init.normal_(module.weight, std=0.01)
+    net.apply(init_weights)
+    devices = [d2l.try_gpu(i) for i in range(2)]
+    model = nn.DataParallel(net, device_ids=devices)
+    train_iter, test_iter = d2l.load_data_fashion_mnist(4)
+    trainer, loss = torch.optim.SGD(model.parameters(), 0.1), nn.CrossEntropyLoss()
+    timer, animator = d2l.Timer(), d2l.Animator('epoch', 'test acc', xlim=[1, 2])
+    for epoch in range(2):
+        model.train()
+        timer.start()
+        for X, y in train_iter:
+            trainer.zero_grad()
+            loss(model(X.to(devices[0])), y.to(devices[0])).backward()
+            trainer.step()
+        timer.stop()
+        animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(model, test_iter),))
+    assert len(animator.Y[0]) == 2 and 0 <= animator.Y[0][-1] <= 1 and timer.avg() > 0
+    d2l._loaded.clear()
+
+
+# ------------------------------------------------------- list parameters, root, progress
+@pytest.mark.parametrize('value, expected', [([1, 4], [1, 4]), ((2,), [2]), ('[1,4]', [1, 4]),
+                                             ('1, 4', [1, 4]), (3, [3]), ('8', [8])])
+def test_check_list_accepts_lists_and_their_text(value, expected):
+    assert d2l.check_list('queue_lengths', value, d2l.check_int) == expected
+
+
+@pytest.mark.parametrize('value, message', [('[1,', 'pass lists to papermill with -y'),
+                                            ('abc', 'is not a list'),
+                                            ({'a': 1}, 'must be a list'),
+                                            ([1, 0], 'each of queue_lengths')])
+def test_check_list_refuses_by_name(value, message):
+    with pytest.raises(ValueError, match=message):
+        d2l.check_list('queue_lengths', value, d2l.check_int)
+
+
+def test_course_root_is_the_repository_here_and_the_working_directory_elsewhere(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    assert d2l.ROOT == Path(d2l.__file__).resolve().parent.parent
+    (tmp_path / 'helpers.py').write_text(Path(d2l.__file__).read_text())
+    probe = 'import helpers, pathlib; print(helpers.ROOT == pathlib.Path.cwd().resolve())'
+    out = subprocess.run([sys.executable, '-c', probe], cwd=tmp_path, capture_output=True,
+                         text=True, env={'PATH': '/usr/bin:/bin'}, timeout=60)
+    assert out.stdout.strip() == 'True', out.stderr[-1000:]
+
+
+def test_workers_report_progress_while_they_run():
+    import workers
+    seen = []
+    results = d2l.run_workers(workers.report_epochs, 2, 3, timeout=60,
+                              on_progress=lambda rank, m: seen.append((rank, m['epoch'])))
+    assert results == [3, 3] and seen == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_synthetic_data_is_cached_on_disk_and_a_bad_cache_is_redrawn(tmp_path, monkeypatch):
+    monkeypatch.setattr(d2l, 'DATA_DIR', tmp_path / 'fashion-mnist')
+    calls = []
+    draw = d2l.synthetic_fashion_mnist
+    monkeypatch.setattr(d2l, 'synthetic_fashion_mnist', lambda: calls.append(1) or draw(50, 20))
+    first = d2l._synthetic_cached()
+    (cache,) = tmp_path.glob('synthetic-fashion-mnist-*.pt')
+    second = d2l._synthetic_cached()
+    assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first, second))
+    cache.write_bytes(b'truncated')
+    third = d2l._synthetic_cached()
+    assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(first, third))
+    assert [p.name for p in tmp_path.iterdir()] == [cache.name]  # no temporary files left

@@ -1,12 +1,22 @@
 """Every notebook follows the course anatomy (see ../shared/DESIGN.md) and is committed clean."""
 import ast
+import importlib.util
 import json
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / 'notebooks').glob('*.ipynb'))
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / 'notebooks').glob('*.ipynb'))
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / 'scripts' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def code(cell):
@@ -42,3 +52,19 @@ def test_notebook_anatomy(path):
     assert any('## Exercises' in h for h in headings)
     assert any(re.search(r'### Solution', h) for h in headings), 'at least one worked solution'
     assert nb['metadata']['kernelspec']['name'] == 'python3'
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
+def test_colab_badge_and_install_cell_agree_with_pyproject(path):
+    """One source of truth for the address: [tool.course] in pyproject.toml (`make colab`)."""
+    colab = load_script('colab')
+    config = colab.course_config()
+    nb = nbformat.read(path, 4)
+    badge, install = colab.colab_cells(nb)
+    assert (nb.cells[badge].source, nb.cells[install].source) == colab.expected(path, config), \
+        f'{path.name}: Colab cells disagree with pyproject.toml; run `make colab`'
+    repo = config['repository']
+    assert f'colab.research.google.com/github/{repo}/blob/{config["branch"]}/notebooks/' \
+        f'{path.name}' in nb.cells[badge].source
+    assert f"REPO, BRANCH = '{repo}', '{config['branch']}'" in nb.cells[install].source
+    assert not re.search(r'pip.*\btorch\b', nb.cells[install].source), "keep Colab's torch"

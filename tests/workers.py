@@ -29,3 +29,10 @@ def exit_hard(rank, world_size):
 
 def sleep_forever(rank, world_size):
     time.sleep(3600)
+
+
+def report_epochs(rank, world_size, epochs):
+    for epoch in range(epochs):
+        if rank == 0:
+            helpers.report(epoch=epoch, loss=1.0 / (epoch + 1))
+    return epochs

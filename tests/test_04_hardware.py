@@ -1,0 +1,161 @@
+"""Notebook 04 (hardware): what its default run recorded, its refusals, and its sizing plan.
+
+Timings are never compared with fixed numbers. The claims checked hold on any machine: every
+rate is positive and below the stated peak where one is known, the working sets reach past the
+last-level cache, a dependent read from main memory is much slower than one from L1, loss
+scaling rescues fp16 gradients, and the plan fits the budgets of the machines it describes."""
+import pytest
+import torch
+
+import sizing
+
+ON_GPU = torch.cuda.is_available()
+NAME = '04_hardware'
+
+
+@pytest.fixture(scope='module')
+def results(default_run):
+    return default_run(NAME)[1]
+
+
+def test_04_throughput_is_positive_and_below_the_stated_peaks(results):
+    for name, m in results['matmul'].items():
+        assert m['gflops'] > 0 and m['n'] >= 16, name
+        if m['peak_gflops'] is not None:  # the maximum-clock (or stated) peak bounds it
+            assert m['gflops'] < m['peak_gflops'], (name, m)
+    for where, bw in results['memory'].items():
+        assert bw['copy_gbs'] > 0 and bw['read_gbs'] > 0, where
+        if bw['peak_gbs'] is not None:
+            assert max(bw['copy_gbs'], bw['read_gbs']) < bw['peak_gbs'], (where, bw)
+    threads = {int(k): v for k, v in results['threads_gflops'].items()}
+    assert sorted(threads) == results['plan']['thread_counts'] and 1 in threads
+    assert all(v > 0 for v in threads.values())
+    v = results['vectorisation_gflops']
+    assert v['one matmul'] > v['Python loops'] > 0
+
+
+def test_04_gpu_precisions_are_only_measured_where_they_exist(results):
+    names = set(results['matmul'])
+    if not ON_GPU:
+        assert names == {'float32', 'float64', 'bfloat16', 'float16'}
+    elif torch.cuda.get_device_capability(0) < (8, 0):
+        assert 'tf32' not in names and 'bfloat16' not in names
+
+
+def test_04_dependent_reads_are_latency_and_grow_past_the_caches(results):
+    dependent = {int(k): v for k, v in results['dependent_read_s'].items()}
+    smallest, largest = min(dependent), max(dependent)
+    llc = max(results['cpu']['caches'].values(), default=32 * 2**20)
+    assert largest >= 4 * llc, 'the largest working set must reach far past the LLC'
+    assert smallest <= 32 * 2**10, 'the smallest working set must fit an L1 cache'
+    assert dependent[largest] >= 3 * dependent[smallest], dependent
+    curve = results['cache_curve']
+    assert curve['bytes'] == sorted(dependent)
+    assert len(curve['seq_gbs']) == len(curve['rand_s']) == len(dependent)
+    # independent reads overlap, dependent ones cannot
+    assert curve['rand_s'][-1] < dependent[largest]
+    chapter = results['chapter_memory']
+    assert chapter['first_read_s'] == dependent[largest] and chapter['ratio'] > 1
+
+
+def test_04_loss_scaling_rescues_fp16_gradients(results):
+    u = results['fp16_underflow']
+    assert 0 < u['plain_zero_fraction'] <= 1
+    assert 0 <= u['scaled_zero_fraction'] < u['plain_zero_fraction']
+    assert u['scaled_relative_error'] < 1e-2
+    r = results['precision_ranges']
+    assert r['float16']['max'] < r['bfloat16']['max'] <= r['float32']['max']
+    assert r['bfloat16']['eps'] > r['float16']['eps'] > r['float32']['eps']
+
+
+def test_04_storage_and_latency_numbers_are_positive(results):
+    s = results['storage']
+    assert s['seq_mb_s'] > 0 and s['rand_4k_iops'] > 0 and s['random_reads'] > 0
+    assert isinstance(s['bypassed_page_cache'], bool) and s['method']
+    assert all(t > 0 for t in results['latency_s'].values())
+    assert all(t > 0 for t in results['dispatch_s'].values())
+    if results['false_sharing_s']:  # two cores or more
+        assert all(t > 0 for t in results['false_sharing_s'].values())
+
+
+@pytest.mark.parametrize('params, culprit', [
+    ({'repeats': 0}, 'repeats'),
+    ({'matmul_size': 8}, 'matmul_size'),
+    ({'bandwidth_mb': 'large'}, 'bandwidth_mb'),
+    ({'max_working_set_mb': 10**9}, 'max_working_set_mb'),
+    ({'storage_mb': 0}, 'storage_mb'),
+])
+def test_04_rejects_bad_parameters_by_name(refusal, params, culprit):
+    error = refusal(NAME, **params)
+    assert error is not None and error.startswith('ValueError') and culprit in error, error
+
+
+def test_04_default_parameters_pass_the_setup(refusal):
+    assert refusal(NAME) is None
+
+
+# ------------------------------------------------------------------ the plan, without hardware
+# A CPU like this course's: AVX2 and no bf16 instructions, so bf16 and fp16 products run
+# about a hundred times slower than fp32 (probed rates of 256 x 256 products).
+SLOW_HALF_CPU = {'float32': 7e10, 'float64': 3e10, 'bfloat16': 1.2e9, 'float16': 1.2e9}
+GPU_RATES = {'colab-t4': {'float64': 2.5e11, 'float32': 4.5e12, 'float16': 2.5e13},
+             'h100': {'float64': 5e13, 'float32': 5e13, 'tf32': 3e14, 'bfloat16': 6e14,
+                      'float16': 6e14}}
+
+
+@pytest.mark.parametrize('machine_name, rates', [
+    ('cpu-2core', SLOW_HALF_CPU), ('cpu-2core', None),
+    ('colab-t4', GPU_RATES['colab-t4']), ('colab-t4', None),
+    ('h100', GPU_RATES['h100']), ('h100', None)])
+def test_plan_04_fits_the_budgets_of_described_machines(machine_name, rates):
+    machine = sizing.DESCRIBED[machine_name]
+    plan = sizing.plan_04(machine, rates, llc_bytes=32 * 2**20, gpu_l2_bytes=50 * 2**20)
+    limit = sizing.budget('04', machine)
+    # a CPU run leaves room for the kernel start and the sections no parameter sizes
+    assert plan.seconds <= (0.75 if not machine.on_gpu else 1) * limit, (plan.seconds, plan)
+    assert plan.host_bytes <= machine.host_memory
+    if machine.on_gpu:
+        assert plan.device_bytes <= machine.memory
+    kind = 'cuda' if machine.on_gpu else 'cpu'
+    measured = {**{p: machine.flops for p in plan['matmul_sizes']}, **(rates or {})}
+    for p, n in plan['matmul_sizes'].items():  # each product short, or the smallest size
+        short = 2 * n**3 / measured[p] <= sizing.MATMUL_CALL_S_04[kind]
+        assert short or n == sizing.MATMUL_SIZES_04[-1], (p, n)
+        assert n <= sizing.MATMUL_BOOK_04[kind]
+    assert plan['max_working_set_mb'] * 2**20 >= 4 * 32 * 2**20
+    assert plan['bandwidth_mb'] * 2**20 >= 4 * 32 * 2**20
+    assert plan['thread_counts'][0] == 1 and plan['thread_counts'][-1] == machine.host_cores
+    assert plan.why
+
+
+def test_plan_04_sizes_each_precision_by_its_own_rate():
+    plan = sizing.plan_04(sizing.DESCRIBED['cpu-2core'], SLOW_HALF_CPU)
+    sizes = plan['matmul_sizes']
+    assert sizes['bfloat16'] < sizes['float32'] and sizes['float16'] < sizes['float32']
+    assert sizes['float32'] == sizing.MATMUL_BOOK_04['cpu']
+    h100 = sizing.plan_04(sizing.DESCRIBED['h100'], GPU_RATES['h100'])
+    assert set(h100['matmul_sizes'].values()) == {sizing.MATMUL_BOOK_04['cuda']}  # book scale
+
+
+def test_plan_04_skips_tf32_and_bf16_below_compute_capability_8():
+    t4 = sizing.DESCRIBED['colab-t4']
+    names, why = sizing.precisions_04(t4)
+    assert 'tf32' not in names and 'bfloat16' not in names and '7.5' in why
+    assert set(sizing.plan_04(t4)['matmul_sizes']) == set(names)
+    names, why = sizing.precisions_04(sizing.DESCRIBED['h100'])
+    assert {'tf32', 'bfloat16'} <= set(names) and not why
+
+
+def test_plan_04_sizes_memory_from_the_last_level_cache():
+    cpu = sizing.DESCRIBED['cpu-2core']
+    big_llc = sizing.plan_04(cpu, SLOW_HALF_CPU, llc_bytes=480 * 2**20)
+    assert big_llc['max_working_set_mb'] >= 4 * 480 and big_llc['bandwidth_mb'] >= 4 * 480
+    small_llc = sizing.plan_04(cpu, SLOW_HALF_CPU, llc_bytes=8 * 2**20)
+    assert small_llc['max_working_set_mb'] == 32 and small_llc['bandwidth_mb'] == 64
+    t4 = sizing.plan_04(sizing.DESCRIBED['colab-t4'], GPU_RATES['colab-t4'])
+    assert t4['bandwidth_mb'] >= 1024  # far past a GPU's L2, and long enough to time
+
+
+def test_plan_04_refuses_rates_that_are_not_positive():
+    with pytest.raises(ValueError, match='matmul_flops'):
+        sizing.plan_04(sizing.DESCRIBED['cpu-2core'], {'float32': 0})

@@ -1,0 +1,165 @@
+"""ZeRO by hand on real gloo processes, the notebook's refusals, and its recorded default run."""
+import dataclasses
+import math
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import helpers as d2l
+import sizing
+import zero
+
+NOTEBOOK = '08_sharded_data_parallelism'
+# Parameter sizes 3 does not divide (7 x 256, 256, 256 x 256, 256 x 2, 2), one of them smaller
+# than 3; large enough (68,354 parameters) that gloo sends them as a ring does.
+ODD = {'in_features': 7, 'hidden': 256, 'num_hidden': 1, 'classes': 2, 'timed_steps': 2,
+       'strategies': ('ddp', 'zero1', 'zero2')}
+
+
+@pytest.mark.parametrize('numel', [1, 2, 5, 13, 91, 1003])
+@pytest.mark.parametrize('k', [1, 2, 3, 4, 7, 8])
+def test_shards_cover_a_parameter_once_in_order(numel, k):
+    shards = [zero.Shard(numel, r, k) for r in range(k)]
+    assert shards[0].start == 0 and shards[-1].stop == numel
+    assert all(a.stop == b.start for a, b in zip(shards, shards[1:]))
+    assert all(0 <= s.stop - s.start <= math.ceil(numel / k) for s in shards)
+    padded = shards[0].padded(torch.arange(numel, dtype=torch.float32))
+    assert padded.numel() == k * math.ceil(numel / k) and padded[numel:].eq(0).all()
+
+
+def ring_and_zero_worker(rank, world_size, config, sizes):
+    """The notebook's worker on odd sizes, then our ring reduce-scatter against all_reduce."""
+    trained = zero.train_worker(rank, world_size, config)  # leaves the process group up
+    errors = {}
+    for numel in sizes:
+        g = torch.Generator().manual_seed(rank * 1000 + numel)
+        shard = zero.Shard(numel, rank, world_size)
+        x = shard.padded(torch.randn(numel, generator=g))
+        expected = x.clone()
+        dist.all_reduce(expected)
+        out = torch.empty(shard.chunk)
+        zero.reduce_scatter(out, x)
+        mine = expected.view(world_size, -1)[rank]
+        errors[numel] = (out - mine).abs().max().item() / max(mine.abs().max().item(), 1e-12)
+    return trained, errors
+
+
+def test_zero_by_hand_matches_ddp_on_sizes_no_k_divides():
+    k = 3  # divides none of the sizes; the 2-value bias leaves rank 2 an empty shard
+    results = d2l.run_workers(ring_and_zero_worker, k, {**ODD, 'probe_wire': True},
+                              [1, 3, 91, 1003], timeout=120)
+    cfg = zero.check_config(ODD, k)
+    psi, params = zero.num_parameters(cfg), list(zero.make_model(cfg).parameters())
+    shards = [[zero.Shard(p.numel(), r, k) for p in params] for r in range(k)]
+    owned = [sum(s.stop - s.start for s in mine) for mine in shards]
+    assert sum(owned) == psi and owned[-1] < owned[0]  # uneven: the last rank owns less
+    assert any(s.stop == s.start for s in shards[-1])  # and one of its shards is empty
+    for r, (trained, errors) in enumerate(results):
+        assert all(e <= 1e-6 for e in errors.values()), errors  # ring reduce-scatter
+        runs = trained['strategies']
+        for s in ('zero1', 'zero2'):
+            assert runs[s]['max_diff_vs_ddp'] <= 1e-6 and runs[s]['ranks_apart'] == 0
+        # Adam's state covers exactly this rank's shards: two 4-byte moments a value, and a
+        # 4-byte step counter a parameter (also for an empty shard)
+        assert runs['zero1']['held_bytes']['optimizer state'] == 8 * owned[r] + 4 * len(params)
+        assert runs['zero1']['held_bytes']['gradients'] == 4 * psi
+        # ZeRO-2 keeps only its gradient shards, each in a padded chunk of the reduce-scatter
+        assert runs['zero2']['held_bytes']['gradients'] == 4 * sum(s.chunk for s in shards[r])
+        assert runs['ddp']['held_bytes'] == {'parameters': 4 * psi, 'gradients': 4 * psi,
+                                             'optimizer state': 8 * psi + 4 * len(params)}
+        for s, run in runs.items():  # every rank sends 2(k-1)/k of the model per step ...
+            assert run['counted_bytes_per_step'] == pytest.approx(
+                2 * (k - 1) / k * 4 * psi, rel=0.05), s
+            # ... and that is what went over its TCP sockets
+            assert run['tcp_bytes_per_step'] == pytest.approx(
+                run['counted_bytes_per_step'], rel=0.05), s
+        probe, tensor = trained['wire_probe'], 4 * k * math.ceil(psi / k)
+        assert probe['ring reduce-scatter (ours)'] == pytest.approx((k - 1) / k * tensor,
+                                                                    rel=0.05)
+        assert probe['all-gather'] == pytest.approx((k - 1) / k * tensor, rel=0.05)
+        assert probe['all-reduce'] == pytest.approx(2 * (k - 1) / k * tensor, rel=0.05)
+
+
+@pytest.mark.parametrize('config, message', [
+    ({'strategies': ('ddp', 'zero4')}, "each of strategies must be one of"),
+    ({'strategies': ('zero1',)}, 'must include ddp'),
+    ({'hidden': 0}, 'hidden must be'),
+    ({'lr': -1}, 'lr must be a positive number'),
+    ({'backend': 'mpi'}, 'backend must be one of'),
+    ({'batch_size': 8}, 'unknown setting'),
+])
+def test_bad_worker_configs_are_refused_by_name(config, message):
+    with pytest.raises(ValueError, match=message):
+        zero.check_config(config, 2)
+
+
+@pytest.mark.parametrize('params, message', [
+    ({'num_gpus': 0}, 'num_gpus must be an integer >= 1'),
+    ({'num_gpus': '4'}, 'num_gpus must be an integer'),
+    ({'device_counts': [0, 2]}, 'each of device_counts must be an integer >= 1'),
+    ({'device_counts': []}, 'device_counts is empty'),
+    ({'device_counts': 'two'}, 'device_counts=.* is not a list'),
+    ({'hidden': -8}, 'hidden must be an integer >= 1'),
+    ({'batch_per_rank': 0}, 'batch_per_rank must be'),
+    ({'timed_steps': 0}, 'timed_steps must be'),
+    ({'lr': 0}, 'lr must be a positive number'),
+    ({'memory_limit_gb': 0}, 'memory_limit_gb must be a positive number'),
+    ({'collective_timeout': 0}, 'collective_timeout must be an integer >= 1'),
+    ({'worker_timeout': 1.5}, 'worker_timeout must be an integer'),
+])
+def test_notebook_refuses_bad_parameters_before_any_process(refusal, params, message):
+    error = refusal(NOTEBOOK, **params)
+    assert error is not None and re.search(message, error), error
+
+
+def test_notebook_accepts_any_process_counts_from_papermill_text(refusal):
+    assert refusal(NOTEBOOK, device_counts='[1, 3, 8]') is None
+    assert refusal(NOTEBOOK, num_gpus=8) is None
+
+
+def test_plan_fits_the_budgets_of_the_described_machines():
+    cpu, t4, h100 = (sizing.DESCRIBED[m] for m in ('cpu-2core', 'colab-t4', 'h100'))
+    default = sizing.plan_08(cpu, 4)
+    assert default['backend'] == 'gloo' and default.seconds <= sizing.budget('08', cpu)
+    assert zero.num_parameters(zero.check_config({'hidden': default['hidden']}, 4)) > 1e5
+    for machine in (t4, h100):
+        on_gpu = sizing.plan_08(machine, 1)  # one process, one GPU: nccl at the GPU size
+        assert on_gpu['backend'] == 'nccl' and on_gpu['hidden'] == sizing.ZERO_GPU_HIDDEN
+        assert on_gpu.device_bytes <= machine.memory / 4
+        assert on_gpu['cpu_hidden'] < sizing.ZERO_GPU_HIDDEN  # its 2-process runs on the CPU
+        assert on_gpu.seconds <= sizing.budget('08', machine)
+        stand_ins = sizing.plan_08(machine, 4)  # more processes than GPUs: CPU processes
+        assert stand_ins['backend'] == 'gloo' and 'CPU processes' in stand_ins.why
+        assert stand_ins.seconds <= sizing.budget('08', machine)
+        assert stand_ins.host_bytes <= machine.host_memory / 2
+    for hidden in (13, 512, sizing.ZERO_GPU_HIDDEN):  # the plan counts the notebook's model
+        assert sizing.zero_parameters(hidden) == zero.num_parameters(
+            zero.check_config({'hidden': hidden}, 1))
+    for k in range(1, 9):  # any k plans, even when the process starts alone overrun the budget
+        assert sizing.plan_08(cpu, k)['backend'] == 'gloo'
+    widths = [sizing.plan_08(dataclasses.replace(cpu, host_flops=f), 4)['hidden']
+              for f in (2e10, 1.3e11, 1e12)]
+    assert widths == sorted(widths) and widths[0] < widths[-1]  # faster hosts, wider models
+
+
+def test_default_run_meets_the_issue(default_run):
+    _, r = default_run(NOTEBOOK)
+    ks = r['device_counts']
+    assert 4 in ks
+    assert set(r['bytes_per_rank']) == set(zero.STRATEGIES)
+    for key in ('bytes_per_rank', 'bytes_sent_per_step', 'seconds_per_step'):
+        assert all(set(r[key][s]) == {str(k) for k in ks} for s in zero.STRATEGIES), key
+    ddp = r['bytes_per_rank']['ddp']['4']
+    best = min(r['bytes_per_rank'][s]['4'] for s in ('zero1', 'zero2', 'fsdp'))
+    assert best <= 0.35 * ddp
+    assert r['max_diff_vs_ddp'] <= 1e-5 and r['ranks_apart'] == 0
+    psi = r['parameters']
+    assert ddp == pytest.approx(16 * psi, rel=0.01)  # Adam in fp32: the paper's 16 bytes
+    for s, factor in (('ddp', 2), ('zero1', 2), ('zero2', 2), ('fsdp', 3)):
+        for k in ks:
+            assert r['bytes_sent_per_step'][s][str(k)] == pytest.approx(
+                factor * (k - 1) / k * 4 * psi, rel=0.03, abs=1)
+            assert r['seconds_per_step'][s][str(k)] > 0
+    assert r['processes_left_after_crash'] == 0 and r['crash_reported_s'] < 60
