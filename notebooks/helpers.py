@@ -372,7 +372,8 @@ def pinned_buffers(count, shape, dtype=torch.float32):
     """`count` page-locked (pinned) host tensors and None, or None and the reason when pinning
     is impossible here: there is no CUDA device (pinned memory is allocated through the CUDA
     driver), or the driver refused (pinned pages cannot be swapped out, so a large request can
-    fail where ordinary memory would not). Nothing stays allocated after a failure."""
+    fail where ordinary memory would not). After a failure the buffers made so far are freed
+    to PyTorch's pinned-memory cache (torch.cuda.host_memory_stats), not to the system."""
     check_int('count', count)
     if not torch.cuda.is_available():
         return None, 'no CUDA device: page-locked host memory is allocated through CUDA'

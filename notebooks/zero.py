@@ -37,7 +37,8 @@ STRATEGIES = ('ddp', 'zero1', 'zero2', 'fsdp')
 EXTRA_STRATEGIES = ('fsdp_bf16', 'torch_zero1')
 DEFAULTS = {'strategies': STRATEGIES, 'in_features': 100, 'hidden': 512, 'num_hidden': 2,
             'classes': 10, 'batch_per_rank': 32, 'timed_steps': 5, 'lr': 1e-3, 'seed': 0,
-            'backend': 'gloo', 'timeout': 60, 'probe_wire': False, 'fail_rank': None}
+            'backend': 'gloo', 'timeout': 60, 'probe_wire': False, 'fail_rank': None,
+            'dtype': 'float32'}  # float64: the strategies' equivalence without rounding noise
 WARMUP_STEPS = 2  # DDP rebuilds its gradient buckets during its second step
 
 
@@ -54,6 +55,7 @@ def check_config(config, world_size):
     helpers.check_int('num_hidden', cfg['num_hidden'], minimum=0)
     helpers.check_positive('lr', cfg['lr'])
     helpers.check_choice('backend', cfg['backend'], ('gloo', 'nccl'))
+    helpers.check_choice('dtype', cfg['dtype'], ('float32', 'float64'))
     helpers.check_int('fail_rank', cfg['fail_rank'], minimum=0, allow_none=True)
     return cfg
 
@@ -70,7 +72,7 @@ def make_model(cfg):
     layers = []
     for a, b in _layer_sizes(cfg):
         layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
+    return nn.Sequential(*layers[:-1]).to(getattr(torch, cfg['dtype']))
 
 
 def num_parameters(cfg):
@@ -86,7 +88,7 @@ def make_batches(cfg, steps, rank, world_size, device):
         X = torch.randn(world_size * b, cfg['in_features'], generator=g)
         y = torch.randint(0, cfg['classes'], (world_size * b,), generator=g)
         mine = slice(rank * b, (rank + 1) * b)
-        batches.append((X[mine].to(device), y[mine].to(device)))
+        batches.append((X[mine].to(device, getattr(torch, cfg['dtype'])), y[mine].to(device)))
     return batches
 
 
@@ -339,10 +341,10 @@ def _spread_over_ranks(flat):
     return _max_over_ranks((flat - reference).abs().max().item())
 
 
-def run_strategy(strategy, cfg, batches, device, reference=None):
+def run_strategy(strategy, cfg, batches, device, initial, reference=None):
     """Train `strategy` on `batches`: WARMUP_STEPS, then timed steps (wall time and TCP bytes),
     then one step whose collectives CollectiveCounter counts. Returns this rank's measurements
-    and the final parameters."""
+    and the final parameters (`initial`: the parameters before training, flat)."""
     rank = dist.get_rank()
     if device.type == 'cuda':
         gc.collect()
@@ -387,6 +389,7 @@ def run_strategy(strategy, cfg, batches, device, reference=None):
         'peak_bytes': (torch.cuda.max_memory_allocated(device) - baseline
                        if device.type == 'cuda' else None),
         'ranks_apart': _spread_over_ranks(flat),
+        'moved': _max_over_ranks((flat - initial.to(flat.device)).abs().max().item()),
         'max_diff_vs_ddp': _max_over_ranks(0.0 if reference is None else
                                            (flat - reference).abs().max().item()),
     }, flat
@@ -424,8 +427,10 @@ def train_worker(rank, world_size, config):
         device = torch.device('cpu')  # gloo runs on CPU processes, also on a GPU machine
     batches = make_batches(cfg, WARMUP_STEPS + cfg['timed_steps'] + 1, rank, world_size, device)
     results, reference = {}, None
+    initial = torch.cat([p.detach().reshape(-1) for p in make_model(cfg).parameters()])
     for strategy in ('ddp',) + tuple(s for s in cfg['strategies'] if s != 'ddp'):
-        results[strategy], flat = run_strategy(strategy, cfg, batches, device, reference)
+        results[strategy], flat = run_strategy(strategy, cfg, batches, device, initial,
+                                               reference)
         reference = flat if strategy == 'ddp' else reference
         if rank == 0:
             helpers.report(strategy=strategy,

@@ -7,6 +7,7 @@ page states where, with which torch and when it ran, from the results that run r
 A notebook that is missing, unfinished or failed stops the build with its name: run `make run`.
 """
 import argparse
+import concurrent.futures
 import json
 import re
 import shutil
@@ -75,8 +76,8 @@ def chapters():
     return out
 
 
-def render(nb, exporter):
-    body, _ = exporter.from_notebook_node(nb)
+def render(nb):
+    body, _ = HTMLExporter(template_name='lab').from_notebook_node(nb)
     return body
 
 
@@ -88,7 +89,6 @@ def page_notebook(title, markdown):
 
 
 def build(executed, results, out):
-    exporter = HTMLExporter(template_name='lab')
     rows, pages = [], {}
     for name, title, covers in chapters():
         path = executed / name
@@ -106,7 +106,7 @@ def build(executed, results, out):
         nb.cells.insert(0, nbformat.v4.new_markdown_cell(
             f'[{TITLE}](index.html) · executed on {info}'))
         nb.metadata['title'] = title
-        pages[html_name] = render(nb, exporter)
+        pages[html_name] = nb
         rows.append(f'| [{title}]({html_name}) | {covers} | {info} |')
     index = page_notebook(TITLE, '\n'.join([
         f'# {TITLE}',
@@ -118,7 +118,9 @@ def build(executed, results, out):
         '| chapter | what it covers | executed on |',
         '| --- | --- | --- |',
         *rows]))
-    pages['index.html'] = render(index, exporter)
+    pages['index.html'] = index
+    with concurrent.futures.ProcessPoolExecutor() as pool:  # a page takes seconds: one a core
+        pages = dict(zip(pages, pool.map(render, pages.values())))
     partial = out.with_name(out.name + '.partial')
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)

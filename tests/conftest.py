@@ -1,8 +1,10 @@
 """Shared fixtures: helpers is importable, notebooks run with parameters, and the run of every
 notebook at its defaults (nbmake's) is kept for the tests that check its recorded results and
 for the rendered site, so that `make test` executes each notebook once, not twice."""
+import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / 'notebooks'
 EXECUTED = ROOT / 'build' / 'executed'   # where `make run` and nbmake leave executed notebooks
 RESULTS = ROOT / 'build' / 'results'     # where notebooks record results by default
+CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
 sys.path.insert(0, str(NOTEBOOKS))
 
 _default_runs = {}  # notebook name -> executed notebook path, for runs made in this session
@@ -40,6 +43,12 @@ def _keep_nbmake_runs():
     nb_run.NotebookRun.execute = execute_and_keep
 
 
+def keep_default_run(nb, name):
+    """Keep a run of notebooks/<name> at its default parameters, made outside nbmake (in
+    JupyterLab), as nbmake's runs are kept; its results are already in build/results/."""
+    _default_runs[Path(name).stem] = _save(nb, EXECUTED / name)
+
+
 def _save(nb, path):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix='.tmp')
@@ -52,11 +61,28 @@ def _save(nb, path):
 _keep_nbmake_runs()
 
 
+def browser_missing():
+    """Why the browser tests cannot run here, or None when Chromium and Playwright are there."""
+    if not Path(CHROMIUM).exists():
+        return 'Chromium is not installed (Debian: apt-get install -y chromium)'
+    if importlib.util.find_spec('playwright') is None:
+        return 'Playwright is not installed (make setup installs it)'
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that read a notebook's default run go after the notebooks, so that they read the
-    run nbmake just made instead of starting their own."""
+    run nbmake just made instead of starting their own. A notebook that the browser test runs
+    in JupyterLab (at its defaults, as a learner does) is not run a second time by nbmake:
+    the JupyterLab run is kept as its default run (keep_default_run)."""
+    browser = browser_missing() is None
+    in_lab = {i.callspec.params['name'] for i in items if browser
+              and getattr(i, 'originalname', '') == 'test_notebook_runs_to_the_end_in_jupyterlab'}
+    twice = [i for i in items if i.path.suffix == '.ipynb' and i.path.name in in_lab]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
     late = [i for i in items if 'default_run' in getattr(i, 'fixturenames', ())]
-    items[:] = [i for i in items if i not in late] + late
+    items[:] = [i for i in items if i not in late and i not in twice] + late
 
 
 def _execute(name, out_dir, parameters):

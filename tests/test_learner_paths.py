@@ -21,10 +21,10 @@ from urllib.parse import urljoin, urlparse
 import nbformat
 import psutil
 import pytest
+from conftest import CHROMIUM, browser_missing, keep_default_run
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / 'notebooks').glob('[0-9][0-9]_*.ipynb'))
-CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
 # Debian's chromium as root in a closed network: no sandbox, no GPU, no background traffic.
 CHROMIUM_FLAGS = ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
                   '--disable-background-networking', '--disable-component-update',
@@ -74,11 +74,7 @@ def serve(directory):
 
 def browser_or_skip():
     """Playwright with Debian's chromium; under CI=true a missing browser is a failure."""
-    missing = None
-    if not Path(CHROMIUM).exists():
-        missing = 'Chromium is not installed (Debian: apt-get install -y chromium)'
-    elif importlib.util.find_spec('playwright') is None:
-        missing = 'Playwright is not installed (make setup installs it)'
+    missing = browser_missing()
     if missing:
         if os.environ.get('CI') == 'true':
             pytest.fail(f'CI=true and the browser test cannot run: {missing}')
@@ -176,18 +172,21 @@ def test_colab_install_cell_brings_every_course_module(path, colab_runs):
 @pytest.fixture(scope='module')
 def lab(tmp_path_factory):
     """`make lab` as a learner starts it (as root here, on 127.0.0.1), on a copy of the
-    notebooks so that nothing JupyterLab saves touches the repository. Yields (base, token)."""
+    notebooks so that nothing JupyterLab saves touches the repository; results, figures and
+    data go where the course's own runs put them. Yields (playwright, base, token, copy)."""
     sync_playwright = browser_or_skip()
     work = tmp_path_factory.mktemp('lab')
     course = work / 'notebooks'
     shutil.copytree(ROOT / 'notebooks', course, ignore=shutil.ignore_patterns('__pycache__'))
     settings = work / 'settings' / '@jupyterlab' / 'notebook-extension'
     settings.mkdir(parents=True)
-    # Render every cell, not only those on screen, so the test sees every output.
-    (settings / 'tracker.jupyterlab-settings').write_text('{"windowingMode": "none"}')
+    # Render every cell, not only those on screen, so the test sees every output; record when
+    # each cell ran, as nbmake and papermill do (the site checks its results against that).
+    (settings / 'tracker.jupyterlab-settings').write_text(
+        json.dumps({'windowingMode': 'none', 'recordTiming': True}))
     env = clean_env(JUPYTERLAB_SETTINGS_DIR=str(work / 'settings'),
                     JUPYTERLAB_WORKSPACES_DIR=str(work / 'workspaces'),
-                    JUPYTER_RUNTIME_DIR=str(work / 'runtime'), **OFFLINE)
+                    JUPYTER_RUNTIME_DIR=str(work / 'runtime'), COURSE_ROOT=str(ROOT), **OFFLINE)
     server = subprocess.Popen(
         ['make', '--no-print-directory', 'lab', f'LAB_DIR={course}', f'LAB_PORT={free_port()}',
          'LAB_ARGS=--no-browser'], cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -203,7 +202,7 @@ def lab(tmp_path_factory):
             url = found and found.group(0)
         assert url, f'make lab printed no URL with a token:\n{"".join(log)[-3000:]}'
         base, token = url.split('/lab?token=')
-        yield sync_playwright, base, token
+        yield sync_playwright, base, token, course
     finally:
         family = [server.pid] + [p.pid for p in psutil.Process(server.pid).children(
             recursive=True)] if server.poll() is None else [server.pid]
@@ -248,13 +247,28 @@ def run_all_in_lab(page, base, token, name, timeout=300):
     raise AssertionError(f'{name}: cells still running after {timeout} s')
 
 
+def save_in_lab(page, path, code_cells, timeout=60):
+    """File > Save Notebook; returns the notebook as written to disk, outputs included."""
+    page.get_by_role('menuitem', name='File', exact=True).click()
+    page.locator('.lm-Menu-item', has_text=re.compile(r'^Save Notebook(?!\s*As)')).first.click()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nb = nbformat.read(path, 4)
+        if sum(bool(c.get('execution_count')) for c in nb.cells if c.cell_type == 'code') \
+                == code_cells:
+            return nb
+        time.sleep(0.5)
+    raise AssertionError(f'{path.name}: JupyterLab did not save the executed notebook')
+
+
 @pytest.mark.parametrize('name', ['05_multi_gpu_from_scratch.ipynb',
                                   '06_multi_gpu_concise.ipynb'])
 def test_notebook_runs_to_the_end_in_jupyterlab(lab, name):
     """Run All Cells in JupyterLab in headless Chromium: the kernel finishes every cell, no
     error appears, figures render as images, and each training run's Animator is one display
-    redrawn in place (not one image per epoch)."""
-    sync_playwright, base, token = lab
+    redrawn in place (not one image per epoch). Saved from JupyterLab, this run is the
+    notebook's default run for the tests that read its results (nbmake does not repeat it)."""
+    sync_playwright, base, token, course = lab
     code_cells = sum(c.cell_type == 'code' for c in
                      nbformat.read(ROOT / 'notebooks' / name, 4).cells)
     with sync_playwright() as p:
@@ -277,6 +291,7 @@ def test_notebook_runs_to_the_end_in_jupyterlab(lab, name):
             assert training, 'no training run reported its test accuracy'
             assert all(imgs <= runs for imgs, runs in training), \
                 f'more images than training runs (images, runs) per cell: {training}'
+            keep_default_run(save_in_lab(page, course / name, code_cells), name)
         finally:
             browser.close()
 
