@@ -159,9 +159,10 @@ class CollectiveCounter(TorchDispatchMode):
 
 
 def tcp_bytes_sent():
-    """Bytes this process has sent over all its TCP sockets (Linux: tcpi_bytes_sent of
-    TCP_INFO, kernel 4.19+), or None where that cannot be read. gloo talks over TCP, so the
-    difference across a training step is what the step really put on the wire."""
+    """Bytes this process has sent over all its TCP sockets, each byte once (Linux, kernel
+    4.19+: TCP_INFO's tcpi_bytes_sent less tcpi_bytes_retrans, the bytes a busy machine made
+    it send again), or None where that cannot be read. gloo talks over TCP, so the difference
+    across a training step is what the step put on the wire."""
     total = 0
     try:
         fds = os.listdir('/proc/self/fd')
@@ -178,9 +179,10 @@ def tcp_bytes_sent():
                 if sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET,
                                                                        socket.AF_INET6):
                     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-                    if len(info) < 208:
+                    if len(info) < 216:
                         return None
-                    total += struct.unpack_from('Q', info, 200)[0]  # tcpi_bytes_sent
+                    sent, resent = struct.unpack_from('QQ', info, 200)  # bytes_sent, _retrans
+                    total += sent - resent
             finally:
                 sock.detach()
     return total

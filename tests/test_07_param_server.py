@@ -198,15 +198,15 @@ def test_default_parameters_pass_the_setup(refusal):
 # ------------------------------------------------------------------ the default run
 def test_default_run_records_what_the_issues_ask(default_run):
     _, r = default_run(NB)
-    # the pipelined ring against gloo at 64 MB, over loopback: only a measurement that had
-    # the machine to itself says anything about the two algorithms
+    # the pipelined ring against gloo at 64 MB, over loopback: a shortfall says something
+    # about the two algorithms only if the measurement had the machine to itself
     assert set(r['ring_vs_gloo_busbw']) >= {'2', '4'}
-    if r['benchmark_cpu_shared'] is not None and r['benchmark_cpu_shared'] > 0.15:
-        pytest.skip(f'other programs took {r["benchmark_cpu_shared"]:.0%} of the CPU while 07 '
-                    'measured: its ring-against-gloo ratios are not meaningful')
     assert r['plan']['message_mb'] == 64
-    for n in ('2', '4'):
-        assert r['ring_vs_gloo_busbw'][n] >= 0.95, r['ring_vs_gloo_by_segments']
+    short = {n: r['ring_vs_gloo_busbw'][n] for n in ('2', '4') if r['ring_vs_gloo_busbw'][n] < 0.95}
+    if short and r['benchmark_cpu_shared'] is not None and r['benchmark_cpu_shared'] > 0.15:
+        pytest.skip(f'ring/gloo {short} below 0.95 while other programs took '
+                    f'{r["benchmark_cpu_shared"]:.0%} of the CPU: not a measurement of the two')
+    assert not short, r['ring_vs_gloo_by_segments']
 
 
 def test_default_run_shaped_link_hierarchy_and_async(default_run):
