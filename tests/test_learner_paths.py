@@ -173,8 +173,8 @@ def test_colab_install_cell_brings_every_course_module(path, colab_runs):
 def lab(tmp_path_factory):
     """`make lab` as a learner starts it (as root here, on 127.0.0.1), on a copy of the
     notebooks so that nothing JupyterLab saves touches the repository; results, figures and
-    data go where the course's own runs put them. Yields (playwright, base, token, copy)."""
-    sync_playwright = browser_or_skip()
+    data go where the course's own runs put them. Yields (base, token, copy)."""
+    browser_or_skip()   # no server without a browser to drive it
     work = tmp_path_factory.mktemp('lab')
     course = work / 'notebooks'
     shutil.copytree(ROOT / 'notebooks', course, ignore=shutil.ignore_patterns('__pycache__'))
@@ -202,7 +202,7 @@ def lab(tmp_path_factory):
             url = found and found.group(0)
         assert url, f'make lab printed no URL with a token:\n{"".join(log)[-3000:]}'
         base, token = url.split('/lab?token=')
-        yield sync_playwright, base, token, course
+        yield base, token, course
     finally:
         family = [server.pid] + [p.pid for p in psutil.Process(server.pid).children(
             recursive=True)] if server.poll() is None else [server.pid]
@@ -221,6 +221,19 @@ def lab(tmp_path_factory):
         for pid in alive:
             os.kill(pid, signal.SIGKILL)
         assert not alive, f'processes outlived the JupyterLab server: {alive}'
+
+
+@pytest.fixture(scope='module')
+def chromium():
+    """One headless Chromium for this module's browser tests (a launch takes seconds on 2
+    cores); each test opens a page of its own. Closed when the module's tests are done."""
+    sync_playwright = browser_or_skip()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 def run_all_in_lab(page, base, token, name, timeout=300):
@@ -263,37 +276,35 @@ def save_in_lab(page, path, code_cells, timeout=60):
 
 @pytest.mark.parametrize('name', ['05_multi_gpu_from_scratch.ipynb',
                                   '06_multi_gpu_concise.ipynb'])
-def test_notebook_runs_to_the_end_in_jupyterlab(lab, name):
+def test_notebook_runs_to_the_end_in_jupyterlab(lab, chromium, name):
     """Run All Cells in JupyterLab in headless Chromium: the kernel finishes every cell, no
     error appears, figures render as images, and each training run's Animator is one display
     redrawn in place (not one image per epoch). Saved from JupyterLab, this run is the
     notebook's default run for the tests that read its results (nbmake does not repeat it)."""
-    sync_playwright, base, token, course = lab
+    base, token, course = lab
     code_cells = sum(c.cell_type == 'code' for c in
                      nbformat.read(ROOT / 'notebooks' / name, 4).cells)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={'width': 1400, 'height': 1000})
-            panel, prompts = run_all_in_lab(page, base, token, name)
-            errors = panel.locator('[data-mime-type="application/vnd.jupyter.error"]')
-            assert errors.count() == 0, errors.first.inner_text()[-2000:]
-            assert len(prompts) == code_cells and all(re.fullmatch(r'\[\d+\]:', t)
-                                                     for t in prompts), prompts
-            images = panel.locator('.jp-OutputArea-output img')
-            assert images.count() > 0, 'no figure rendered'
-            sizes = images.evaluate_all('imgs => imgs.map(i => [i.complete, i.naturalWidth])')
-            assert all(done and width > 0 for done, width in sizes), sizes
-            per_cell = panel.locator('.jp-CodeCell').evaluate_all('''cells => cells.map(c => [
-                c.querySelectorAll('.jp-OutputArea-output img').length,
-                (c.querySelector('.jp-OutputArea')?.innerText.match(/test acc/g) || []).length])''')
-            training = [(imgs, runs) for imgs, runs in per_cell if runs]
-            assert training, 'no training run reported its test accuracy'
-            assert all(imgs <= runs for imgs, runs in training), \
-                f'more images than training runs (images, runs) per cell: {training}'
-            keep_default_run(save_in_lab(page, course / name, code_cells), name)
-        finally:
-            browser.close()
+    page = chromium.new_page(viewport={'width': 1400, 'height': 1000})
+    try:
+        panel, prompts = run_all_in_lab(page, base, token, name)
+        errors = panel.locator('[data-mime-type="application/vnd.jupyter.error"]')
+        assert errors.count() == 0, errors.first.inner_text()[-2000:]
+        assert len(prompts) == code_cells and all(re.fullmatch(r'\[\d+\]:', t)
+                                                 for t in prompts), prompts
+        images = panel.locator('.jp-OutputArea-output img')
+        assert images.count() > 0, 'no figure rendered'
+        sizes = images.evaluate_all('imgs => imgs.map(i => [i.complete, i.naturalWidth])')
+        assert all(done and width > 0 for done, width in sizes), sizes
+        per_cell = panel.locator('.jp-CodeCell').evaluate_all('''cells => cells.map(c => [
+            c.querySelectorAll('.jp-OutputArea-output img').length,
+            (c.querySelector('.jp-OutputArea')?.innerText.match(/test acc/g) || []).length])''')
+        training = [(imgs, runs) for imgs, runs in per_cell if runs]
+        assert training, 'no training run reported its test accuracy'
+        assert all(imgs <= runs for imgs, runs in training), \
+            f'more images than training runs (images, runs) per cell: {training}'
+        keep_default_run(save_in_lab(page, course / name, code_cells), name)
+    finally:
+        page.close()
 
 
 # ------------------------------------------------------------------------------ site
@@ -309,14 +320,12 @@ def site(default_run, tmp_path_factory):
     return out
 
 
-def test_site_pages_images_and_links_all_resolve(site):
-    sync_playwright = browser_or_skip()
+def test_site_pages_images_and_links_all_resolve(site, chromium):
     pages = sorted(p.name for p in site.glob('*.html'))
     assert pages == sorted(['index.html'] + [p.stem + '.html' for p in NOTEBOOKS])
-    with serve(site) as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+    with serve(site) as url:
+        page = chromium.new_page()
         try:
-            page = browser.new_page()
             local = urlparse(url).netloc
             page.route('**/*', lambda route: route.continue_() if urlparse(
                 route.request.url).netloc == local else route.abort())
@@ -342,7 +351,7 @@ def test_site_pages_images_and_links_all_resolve(site):
                     assert images, f'{target}: a chapter page with no figure'
             assert {urlparse(s).path.lstrip('/') for s in seen} == set(pages)
         finally:
-            browser.close()
+            page.close()
 
 
 def test_site_refuses_an_unfinished_notebook(tmp_path):
