@@ -429,7 +429,7 @@ def train_worker(rank, world_size, config):
         device = torch.device('cpu')  # gloo runs on CPU processes, also on a GPU machine
     batches = make_batches(cfg, WARMUP_STEPS + cfg['timed_steps'] + 1, rank, world_size, device)
     results, reference = {}, None
-    initial = torch.cat([p.detach().reshape(-1) for p in make_model(cfg).parameters()])
+    initial = full_parameters(make_model(cfg))
     for strategy in ('ddp',) + tuple(s for s in cfg['strategies'] if s != 'ddp'):
         results[strategy], flat = run_strategy(strategy, cfg, batches, device, initial,
                                                reference)
