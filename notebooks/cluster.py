@@ -38,6 +38,7 @@ import time
 from collections import namedtuple
 
 import helpers
+import launch
 
 Host = namedtuple('Host', 'name address interface')  # network namespace, IPv4 address, NIC
 
@@ -429,7 +430,7 @@ def _measure_path(src, dst, nbytes, pings):
     def in_netns(name, body):
         def target():
             try:
-                helpers.join_netns(name)
+                launch.join_netns(name)
                 body()
             except BaseException as e:  # reported by the caller
                 errors.append(e)
@@ -491,9 +492,9 @@ def _measure_path(src, dst, nbytes, pings):
 
 def run_workers(cluster, fn, world_size, *args, timeout=120, ranks_per_host=1, on_progress=None,
                 start_method=None):
-    """helpers.run_workers with rank r on host r // ranks_per_host: the ranks talk over the
+    """launch.run_workers with rank r on host r // ranks_per_host: the ranks talk over the
     cluster's links (MASTER_ADDR is host 0's address, GLOO_SOCKET_IFNAME each rank's interface).
-    Same results, errors, timeout and clean-up as helpers.run_workers."""
+    Same results, errors, timeout and clean-up as launch.run_workers."""
     helpers.check_int('world_size', world_size)
     helpers.check_int('ranks_per_host', ranks_per_host)
     cluster._check_open()
@@ -502,5 +503,5 @@ def run_workers(cluster, fn, world_size, *args, timeout=120, ranks_per_host=1, o
         raise ValueError(f'world_size={world_size} at ranks_per_host={ranks_per_host} needs '
                          f'{hosts_needed} hosts; the cluster has {len(cluster.hosts)}')
     placement = [tuple(cluster.hosts[r // ranks_per_host]) for r in range(world_size)]
-    return helpers.run_workers(fn, world_size, *args, timeout=timeout, on_progress=on_progress,
+    return launch.run_workers(fn, world_size, *args, timeout=timeout, on_progress=on_progress,
                                placement=placement, start_method=start_method)

@@ -6,8 +6,8 @@ Standalone, with torchrun (one process per GPU; CPU processes with gloo when the
 
 Rank 0 prints each epoch's progress as one JSON line ({"progress": {...}}) and, at the end, its
 result as indented JSON. From Python, as notebook 06 does:
-helpers.run_workers(ddp_train.train, 2, {'epochs': 1}, on_progress=callback), where rank 0's
-helpers.report(...) reaches callback(rank, metrics) while training runs.
+launch.run_workers(ddp_train.train, 2, {'epochs': 1}, on_progress=callback), where rank 0's
+launch.report(...) reaches callback(rank, metrics) while training runs.
 The worker lives in this module, not in the notebook, because spawned processes import it.
 """
 import argparse
@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import helpers
+import launch
 
 DEFAULTS = {'batch_size': 256, 'lr': 0.1, 'epochs': 1, 'num_train': None, 'num_test': None,
             'width': 64, 'data_source': 'auto', 'data': None, 'seed': 0, 'timeout': 60,
@@ -75,10 +76,10 @@ def _max_over_ranks(local):
 
 def train(rank, world_size, config):
     """One rank of a DDP run. Rank 0 reports each epoch's training loss and accuracy (over all
-    ranks) and test accuracy with helpers.report. Returns the rank's timings, a digest of its
+    ranks) and test accuracy with launch.report. Returns the rank's timings, a digest of its
     parameters, and how far the ranks' parameters and BatchNorm buffers are apart."""
     cfg = check_config(config, world_size)
-    rank, world_size, device = helpers.init_distributed(timeout=cfg['timeout'])
+    rank, world_size, device = launch.init_distributed(timeout=cfg['timeout'])
     torch.manual_seed(cfg['seed'])
     net = helpers.resnet18(10, width=cfg['width']).to(device)
     # DDP broadcasts rank 0's parameters and buffers now and all-reduces gradients later.
@@ -131,7 +132,7 @@ def train(rank, world_size, config):
                             'train_acc': (totals[1] / totals[2]).item(),
                             'test_acc': helpers.evaluate_accuracy_gpu(net, test_loader, device),
                             'seconds': epoch_times[-1]})
-            helpers.report(**history[-1])
+            launch.report(**history[-1])
     params = torch.cat([p.detach().flatten() for p in net.parameters()])
     result = {'rank': rank, 'world_size': world_size, 'backend': dist.get_backend(),
               'device': str(device), 'width': cfg['width'],
@@ -170,7 +171,7 @@ def main():
                         help='seconds before a collective gives up')
     args = parser.parse_args()
     if 'RANK' not in os.environ:
-        parser.error('run me with torchrun --nproc_per_node=N (or from helpers.run_workers)')
+        parser.error('run me with torchrun --nproc_per_node=N (or from launch.run_workers)')
     world_size = int(os.environ['WORLD_SIZE'])
     config = {k: v for k, v in vars(args).items() if v is not None}
     # the processes on this host share its cores (LOCAL_WORLD_SIZE: torchrun's count per host)

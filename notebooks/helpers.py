@@ -13,24 +13,22 @@ import inspect
 import json
 import math
 import os
-import pickle
 import platform
-import socket
 import struct
 import sys
 import tempfile
 import time
-import traceback
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from queue import Empty
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+import stats
 
 
 def _course_root():
@@ -269,8 +267,12 @@ class Measurement:
 
     @property
     def median(self):
-        s = sorted(self.times)
-        return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+        return stats.median(self.times)
+
+    @property
+    def spread(self):
+        """(fastest, slowest) repeat, seconds per call."""
+        return stats.spread(self.times)
 
     def __str__(self):
         return (f'{self.label}: median {format_seconds(self.median)} over {len(self.times)} '
@@ -280,10 +282,7 @@ class Measurement:
 
 def format_seconds(s):
     """1.5e-05 -> '15 us' (three significant digits; 0.9999e-3 -> '1 ms', not '1e+03 us')."""
-    for unit, scale in (('s', 1), ('ms', 1e-3), ('us', 1e-6)):
-        if float(f'{s:.3g}') >= scale:
-            return f'{float(f"{s:.3g}") / scale:.3g} {unit}'
-    return f'{s / 1e-9:.3g} ns'
+    return stats.format_value(s, 's')
 
 
 def faster_or_slower(ratio, than):
@@ -841,172 +840,3 @@ def record(name, results, results_dir=None):
     os.replace(tmp, path)  # readers never see a half-written file
     print(f'recorded {len(payload["results"])} results in {path}')
     return path
-
-
-# --------------------------------------------------------------- distributed
-def port_is_free(port, host='127.0.0.1'):
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host='127.0.0.1'):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def init_distributed(timeout=60, backend=None):
-    """Join the process group described by the environment (torchrun or run_workers).
-    backend None: nccl when every process on this host has a GPU of its own (LOCAL_WORLD_SIZE,
-    so that 2 hosts x 8 GPUs still get nccl), else gloo: ranks sharing a GPU use it through
-    gloo; without GPUs they use the CPU. Every collective times out after `timeout` seconds.
-    Returns (rank, world_size, device)."""
-    import torch.distributed as dist
-    rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
-    local_rank = int(os.environ.get('LOCAL_RANK', rank))
-    local_world_size = int(os.environ.get('LOCAL_WORLD_SIZE', world_size))
-    gpus = num_gpus()
-    device = torch.device(f'cuda:{local_rank % gpus}') if gpus else torch.device('cpu')
-    if backend is None:
-        backend = 'nccl' if gpus >= local_world_size and dist.is_nccl_available() else 'gloo'
-    if backend == 'nccl':
-        torch.cuda.set_device(device)  # nccl's communicator binds to the current device
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout))
-    return rank, world_size, device
-
-
-_progress = None  # the launcher's queue, inside a worker started by run_workers
-
-
-def report(**metrics):
-    """Send metrics (for example one epoch's loss and accuracy) from a worker to the process
-    that started it: run_workers hands them to its on_progress callback while the workers are
-    still running. Under torchrun, rank 0 prints them as one JSON line instead."""
-    if _progress is not None:
-        _progress.put((int(os.environ.get('RANK', 0)), 'progress', pickle.dumps(metrics)))
-    elif os.environ.get('RANK', '0') == '0':
-        print(json.dumps({'progress': _jsonable(metrics)}), flush=True)
-
-
-def join_netns(name):
-    """Move the calling thread into the network namespace `name` (made by `ip netns add`):
-    the sockets it opens from then on live there. os.setns arrived only in Python 3.12."""
-    fd = os.open(f'/var/run/netns/{name}', os.O_RDONLY)
-    try:
-        if hasattr(os, 'setns'):
-            os.setns(fd, os.CLONE_NEWNET)
-        else:
-            import ctypes
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-                errno = ctypes.get_errno()
-                raise OSError(errno, f'setns into {name}: {os.strerror(errno)}')
-    finally:
-        os.close(fd)
-
-
-def _worker_main(fn, rank, world_size, port, args, queue, placement=None):
-    global _progress
-    _progress = queue
-    master, local_rank, local_world_size = '127.0.0.1', rank, world_size
-    if placement:  # this rank's emulated host: join it before any socket is made
-        netns, _, interface = placement[rank]
-        join_netns(netns)
-        master = placement[0][1]
-        on_this_host = [r for r, (ns, _, _) in enumerate(placement) if ns == netns]
-        local_rank, local_world_size = on_this_host.index(rank), len(on_this_host)
-        os.environ.update(GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface)
-    os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(local_world_size))
-    torch.set_num_threads(cores_per_process(world_size))
-    try:
-        queue.put((rank, 'ok', pickle.dumps(fn(rank, world_size, *args))))
-    except BaseException:
-        queue.put((rank, 'error', traceback.format_exc()))
-    finally:
-        import torch.distributed as dist
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def run_workers(fn, world_size, *args, timeout=120, port=None, on_progress=None,
-                placement=None, start_method=None):
-    """Run fn(rank, world_size, *args) in `world_size` fresh processes; return their results.
-
-    `fn` must live in an importable module (workers start from a fresh interpreter, never a
-    fork of this one, so a notebook's state and threads do not leak into them). The workers
-    find each other through MASTER_ADDR=127.0.0.1 and a free port; call init_distributed()
-    inside fn. A worker that fails or dies, or a run that exceeds `timeout` seconds, raises
-    a RuntimeError here after every worker has been stopped: nothing hangs, nothing outlives it.
-    Metrics a worker sends with report(...) reach on_progress(rank, metrics) as they arrive.
-    placement: one (network namespace, address, interface) per rank, to run each rank on an
-    emulated host (cluster.run_workers makes it); MASTER_ADDR is then rank 0's address.
-    start_method: None picks 'forkserver' where it exists (Linux, macOS): workers fork from one
-    fresh server process that imported torch once, instead of each importing it (about 1.5 s
-    of CPU per worker); they see os.environ as it was when that server started. 'spawn' starts
-    each worker from scratch.
-    """
-    import multiprocessing as mp
-    check_int('world_size', world_size)
-    methods = mp.get_all_start_methods()
-    if start_method is None:
-        start_method = 'forkserver' if 'forkserver' in methods else 'spawn'
-    check_choice('start_method', start_method, methods)
-    if placement is not None and (len(placement) != world_size
-                                  or any(len(p) != 3 for p in placement)):
-        raise ValueError(f'placement must give (netns, address, interface) for each of the '
-                         f'{world_size} ranks, got {placement!r}')
-    if port is None:
-        port = free_port()
-    elif placement is None and not port_is_free(check_int('port', port)):
-        raise ValueError(f'port {port} on 127.0.0.1 is busy: pass another port or port=None')
-    ctx = mp.get_context(start_method)
-    if start_method == 'forkserver':
-        ctx.set_forkserver_preload(['torch', 'torch._dynamo', 'helpers'])  # DDP imports dynamo
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, daemon=True,
-                         args=(fn, r, world_size, port, args, queue, placement))
-             for r in range(world_size)]
-    results, deadline = {}, time.monotonic() + timeout
-    try:
-        for p in procs:
-            p.start()
-        while len(results) < world_size:
-            try:
-                rank, status, payload = queue.get(timeout=0.2)
-            except Empty:
-                pass
-            else:
-                if status == 'error':
-                    raise RuntimeError(f'rank {rank} of {world_size} failed:\n{payload}')
-                if status == 'progress':
-                    if on_progress is not None:
-                        on_progress(rank, pickle.loads(payload))
-                else:
-                    results[rank] = pickle.loads(payload)
-                continue
-            dead = [(r, p.exitcode) for r, p in enumerate(procs)
-                    if p.exitcode not in (None, 0) and r not in results]
-            if dead and queue.empty():
-                raise RuntimeError(f'rank {dead[0][0]} of {world_size} died with exit code '
-                                   f'{dead[0][1]}')
-            if time.monotonic() > deadline:
-                raise RuntimeError(f'workers timed out after {timeout} s '
-                                   f'(finished: {sorted(results)})')
-    finally:
-        for p in (p for p in procs if p.pid is not None):  # the ones that started
-            p.join(timeout=5 if len(results) == world_size else 0)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        queue.close()
-    return [results[r] for r in range(world_size)]

@@ -6,7 +6,7 @@ produces their gradients), and starts a bucket's all-reduce as soon as every gra
 ready, so that the exchange of the last layers' gradients runs while backward is still computing
 the first layers'. `BucketedAllReduce` does the same with one hook per parameter.
 
-`overlap_worker` is a process entry point for helpers.run_workers; it lives here because
+`overlap_worker` is a process entry point for launch.run_workers; it lives here because
 spawned processes must import it.
 """
 import copy
@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import helpers
+import launch
 
 
 def buckets_by_bytes(params, cap_bytes):
@@ -116,7 +117,7 @@ def overlap_worker(rank, world_size, config):
     Also time one all-reduce of each size in `allreduce_numels` (name -> float32 count).
     Times are medians over `repeats`, each the slowest rank's."""
     cfg = check_config(config)
-    rank, world_size, device = helpers.init_distributed(timeout=cfg['timeout'])
+    rank, world_size, device = launch.init_distributed(timeout=cfg['timeout'])
     torch.manual_seed(cfg['seed'])
     net = helpers.resnet18(10, width=cfg['width']).to(device)
     ddp = DistributedDataParallel(copy.deepcopy(net), bucket_cap_mb=cfg['bucket_mb'],

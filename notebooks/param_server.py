@@ -2,7 +2,7 @@
 
 Messages are CPU tensors over gloo on every machine, so that one code path runs everywhere.
 
-The functions ending in `_worker` are process entry points for helpers.run_workers; they live
+The functions ending in `_worker` are process entry points for launch.run_workers; they live
 here because spawned processes must import them. Everything else is called inside them or
 in the notebook.
 """
@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import helpers
+import launch
 
 
 # ----------------------------------------------------------------- key-value store
@@ -177,7 +178,7 @@ def _groups(world_size):
 def _joined(timeout=120):
     """Join the process group unless an earlier experiment in this process already did."""
     if not dist.is_initialized():
-        helpers.init_distributed(timeout=timeout, backend='gloo')
+        launch.init_distributed(timeout=timeout, backend='gloo')
 
 
 def phases_worker(rank, world_size, phases):

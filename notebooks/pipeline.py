@@ -1,7 +1,7 @@
 """Worker processes for notebook 05: LeNet cut into a two-stage pipeline, and the time that two
 processes take to all-reduce a gradient (the lecture's t2).
 
-The notebook starts them with `helpers.run_workers(pipeline.worker, 2, ...)`. Spawned processes
+The notebook starts them with `launch.run_workers(pipeline.worker, 2, ...)`. Spawned processes
 import the function they run, so it lives in this module, not in the notebook. run_workers gives
 each process its share of the cores (one each on a 2-core machine), so the two stages really
 compute at the same time, and they exchange activations and gradients through gloo, as two
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-import helpers
+import launch
 
 STAGE0_PARAMS = 2  # params[:2] (conv1) belong to stage 0, params[2:] to stage 1
 
@@ -81,7 +81,7 @@ def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels
     `repeats` times. Returns {'events': {m: [step's events, ...]}, 'grads': {m: this stage's
     gradients after one step}, 'bytes_sent': {m: bytes per step}, 'allreduce_s': {numel:
     median seconds}}."""
-    helpers.init_distributed(backend='gloo', timeout=60)
+    launch.init_distributed(backend='gloo', timeout=60)
     with torch.no_grad():  # the shape stage 1 receives, from one example
         activation_shape = stage0(X[:1], params[:STAGE0_PARAMS]).shape[1:]
     mine = params[:STAGE0_PARAMS] if rank == 0 else params[STAGE0_PARAMS:]

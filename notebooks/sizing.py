@@ -12,6 +12,7 @@ The plans take a `Machine`, so tests can plan for machines that are not there:
 `DESCRIBED['colab-t4']` and `DESCRIBED['h100']` describe the GPUs learners use, and the tests
 check every plan against their time and memory budgets on a CPU-only machine.
 """
+import dataclasses
 import functools
 import math
 import os
@@ -173,6 +174,30 @@ def largest_fitting(candidates, seconds, limit_s, bytes_needed=None, limit_bytes
         if seconds(c) <= limit_s and (bytes_needed is None or bytes_needed(c) <= limit_bytes):
             return c
     return candidates[-1]
+
+
+class Setup:
+    """What a notebook's setup cell resolved: every parameter's final value (as attributes:
+    `cfg.chain_numel`), the machine, the plan, and `why`, the few lines it prints. Each
+    notebook has one `setup_NN(...)` below, beside its plan: it checks every parameter first
+    (a ValueError naming the culprit, before any work), then probes the machine, sizes the
+    work and picks the devices."""
+
+    def __init__(self, why, **values):
+        self.__dict__.update(values)
+        self.why = list(why)
+
+    def __str__(self):
+        return '\n'.join(self.why)
+
+
+def on_device(machine, device):
+    """`machine` as the plans should see it when the notebook runs on `device`: a GPU machine
+    asked to run on its CPU is planned as a CPU."""
+    if machine.on_gpu and device.type != 'cuda':
+        return dataclasses.replace(machine, kind='cpu', flops=machine.host_flops,
+                                   memory=machine.host_memory)
+    return machine
 
 
 # ---------------------------------------------------------------------- one plan per notebook

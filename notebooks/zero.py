@@ -13,7 +13,7 @@ worker is now also the server of its own shard:
 * ZeRO-3 (FSDP): the parameters are sharded too and all-gathered layer by layer when needed;
   here that is PyTorch's own `fully_shard`.
 
-`train_worker` is the process entry point for helpers.run_workers; it lives here because
+`train_worker` is the process entry point for launch.run_workers; it lives here because
 spawned processes must import it.
 """
 import contextlib
@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import helpers
+import launch
 
 STRATEGIES = ('ddp', 'zero1', 'zero2', 'fsdp')
 # for the exercises: FSDP with bf16 parameters in flight, and PyTorch's own ZeRO-1
@@ -423,7 +424,7 @@ def train_worker(rank, world_size, config):
     """One rank: train every strategy in turn on the same data, from the same initial model,
     and measure each (DDP first: it is the reference). Returns this rank's measurements."""
     cfg = check_config(config, world_size)
-    rank, world_size, device = helpers.init_distributed(timeout=cfg['timeout'],
+    rank, world_size, device = launch.init_distributed(timeout=cfg['timeout'],
                                                         backend=cfg['backend'])
     if cfg['backend'] == 'gloo':
         device = torch.device('cpu')  # gloo runs on CPU processes, also on a GPU machine
@@ -435,7 +436,7 @@ def train_worker(rank, world_size, config):
                                                reference)
         reference = flat if strategy == 'ddp' else reference
         if rank == 0:
-            helpers.report(strategy=strategy,
+            launch.report(strategy=strategy,
                            seconds_per_step=results[strategy]['seconds_per_step'])
     probe = (wire_probe(math.ceil(num_parameters(cfg) / world_size))
              if cfg['probe_wire'] and cfg['backend'] == 'gloo' else None)

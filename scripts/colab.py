@@ -11,6 +11,7 @@ import argparse
 import ast
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -82,7 +83,9 @@ def badge_cell(name, config, modules):
 
 
 def install_cell(config, modules):
-    names = ', '.join(f"'{m}.py'" for m in modules) + (',' if len(modules) == 1 else '')
+    names = textwrap.fill(', '.join(f"'{m}.py'" for m in modules), width=96,
+                          initial_indent=' ' * 19, subsequent_indent=' ' * 19).lstrip()
+    names += ',' if len(modules) == 1 else ''
     return (
         'import sys\n\n'
         "if 'google.colab' in sys.modules:  # Colab only: fetch the course modules, "

@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import ddp_train
 import helpers as d2l
+import launch
 import overlap
 import sizing
 
@@ -27,7 +28,7 @@ def test_two_gloo_processes_report_progress_and_end_with_identical_parameters():
     train, test = d2l.fashion_mnist_datasets('synthetic', num_train=24, num_test=8)
     config = {**TINY, 'epochs': 2, 'data': ddp_train.arrays(train, test)}  # not TINY's 16
     reports = []
-    results = d2l.run_workers(ddp_train.train, 2, config, timeout=120,
+    results = launch.run_workers(ddp_train.train, 2, config, timeout=120,
                               on_progress=lambda rank, m: reports.append((rank, m)))
     assert [r['rank'] for r in results] == [0, 1]
     assert {r['backend'] for r in results} == {'gloo'}
@@ -48,7 +49,7 @@ def test_two_gloo_processes_report_progress_and_end_with_identical_parameters():
 
 def test_standalone_script_under_torchrun_prints_progress_lines_then_the_result():
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
-           f'--master_port={d2l.free_port()}', str(NOTEBOOKS / 'ddp_train.py'),
+           f'--master_port={launch.free_port()}', str(NOTEBOOKS / 'ddp_train.py'),
            '--batch-size', '8', '--num-train', '16', '--num-test', '8', '--width', '8',
            '--epochs', '2', '--data-source', 'synthetic']
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=NOTEBOOKS)
@@ -92,7 +93,7 @@ def test_buckets_follow_reverse_parameter_order_and_respect_the_cap():
 def test_bucketed_all_reduce_equals_one_all_reduce_after_backward_and_ddp():
     config = {'width': 8, 'batch': 2, 'bucket_mb': 0.05, 'repeats': 1,
               'allreduce_numels': {'a': 1000}}
-    results = d2l.run_workers(overlap.overlap_worker, 2, config, timeout=120)
+    results = launch.run_workers(overlap.overlap_worker, 2, config, timeout=120)
     for r in results:
         assert r['buckets'] > 2 and r['bucketed_equals_after'] and r['ddp_max_diff'] == 0
         assert all(r[k] > 0 for k in ('backward_s', 'after_s', 'bucketed_s', 'ddp_s'))

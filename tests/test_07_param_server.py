@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-import helpers as d2l
+import launch
 import param_server as ps
 import sizing
 
@@ -113,7 +113,7 @@ def test_plan_07_fits_the_budget(name, on_cluster):
 # ------------------------------------------------------------------ real processes
 def test_ring_and_naive_match_all_reduce_for_2_3_4_processes():
     sizes = [1, 2, 5, 1000, 1003, 4099]
-    errors = d2l.run_workers(ps.check_collectives_worker, 4, sizes,
+    errors = launch.run_workers(ps.check_collectives_worker, 4, sizes,
                              ['float32', 'float64', 'int64'], timeout=120)[0]
     assert {k.split()[0] for k in errors} == {'n=2', 'n=3', 'n=4'}
     assert len(errors) == 3 * 3 * len(sizes)
@@ -125,8 +125,8 @@ def test_ring_and_naive_match_all_reduce_for_2_3_4_processes():
 @pytest.mark.parametrize('workers, servers, tolerance', [(2, 1, 0.0), (3, 2, 1e-6)])
 def test_parameter_server_training_matches_all_reduce(workers, servers, tolerance):
     config = {'workers': workers, 'servers': servers, 'steps': 4}
-    via_servers = d2l.run_workers(ps.ps_train_worker, workers + servers, config, timeout=120)
-    via_allreduce = d2l.run_workers(ps.allreduce_train_worker, workers, config, timeout=120)
+    via_servers = launch.run_workers(ps.ps_train_worker, workers + servers, config, timeout=120)
+    via_allreduce = launch.run_workers(ps.allreduce_train_worker, workers, config, timeout=120)
     for k in ('w', 'b'):
         assert all(torch.equal(via_servers[0][k], via_servers[w][k]) for w in range(workers))
         assert (via_servers[0][k] - via_allreduce[0][k]).abs().max() <= tolerance
@@ -135,7 +135,7 @@ def test_parameter_server_training_matches_all_reduce(workers, servers, toleranc
 
 
 def test_sync_and_async_sgd_use_the_same_batches_and_async_does_not_wait():
-    runs = d2l.run_workers(ps.sgd_worker, 3, {'workers': 2, 'steps': 10, 'straggler_s': 0.02},
+    runs = launch.run_workers(ps.sgd_worker, 3, {'workers': 2, 'steps': 10, 'straggler_s': 0.02},
                            timeout=120)
     server, workers = runs[0], runs[1:]
     for mode in ('sync', 'async'):
@@ -146,22 +146,22 @@ def test_sync_and_async_sgd_use_the_same_batches_and_async_does_not_wait():
     # the slow worker sleeps 20 ms a batch: synchronous steps wait for it, asynchronous not
     assert server['async']['s_per_step'] < server['sync']['s_per_step']
     with pytest.raises(RuntimeError, match="mode must be one of"):
-        d2l.run_workers(ps.sgd_worker, 2, {'workers': 1, 'modes': ['later']}, timeout=60)
+        launch.run_workers(ps.sgd_worker, 2, {'workers': 1, 'modes': ['later']}, timeout=60)
 
 
 def test_hierarchical_reduction_equals_flat_and_halves_the_server_bytes():
-    runs = d2l.run_workers(ps.hierarchical_worker, 5, {'numel': 1000, 'repeats': 1},
+    runs = launch.run_workers(ps.hierarchical_worker, 5, {'numel': 1000, 'repeats': 1},
                            timeout=120)
     assert all(r['max_diff'] <= 1e-5 and r['flat_vs_exact'] <= 1e-5 for r in runs[:-1])
     assert runs[-1]['server_bytes_received'] == {'flat': 4 * 4000, 'hierarchical': 2 * 4000}
     with pytest.raises(RuntimeError, match='world_size 4 != machines 2 x per_machine 2'):
-        d2l.run_workers(ps.hierarchical_worker, 4, {}, timeout=60)
+        launch.run_workers(ps.hierarchical_worker, 4, {}, timeout=60)
 
 
 def test_dead_server_is_an_error_and_nothing_survives():
     with pytest.raises(RuntimeError, match='rank 2 of 3 failed(.|\n)*simulated failure at '
                                            'step 1'):
-        d2l.run_workers(ps.ps_train_worker, 3, {'workers': 2, 'servers': 1,
+        launch.run_workers(ps.ps_train_worker, 3, {'workers': 2, 'servers': 1,
                                                 'fail_server_step': 1}, timeout=60)
     assert multiprocessing.active_children() == []
 
@@ -174,7 +174,7 @@ def test_bad_configs_are_refused():
     with pytest.raises(ValueError, match="unknown phase 'os.system'"):
         ps.phases_worker(0, 2, [('os.system', ('true',))])
     with pytest.raises(RuntimeError, match='world_size 4 != workers 2 \\+ servers 1'):
-        d2l.run_workers(ps.ps_train_worker, 4, {'workers': 2, 'servers': 1}, timeout=60)
+        launch.run_workers(ps.ps_train_worker, 4, {'workers': 2, 'servers': 1}, timeout=60)
 
 
 # ------------------------------------------------------------------ refusals

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import helpers as d2l
+import launch
 import sizing
 import zero
 
@@ -48,7 +48,7 @@ def ring_and_zero_worker(rank, world_size, config, sizes):
 
 def test_zero_by_hand_matches_ddp_on_sizes_no_k_divides():
     k = 3  # divides none of the sizes; the 2-value bias leaves rank 2 an empty shard
-    results = d2l.run_workers(ring_and_zero_worker, k, {**ODD, 'probe_wire': True},
+    results = launch.run_workers(ring_and_zero_worker, k, {**ODD, 'probe_wire': True},
                               [1, 3, 91, 1003], timeout=120)
     cfg = zero.check_config(ODD, k)
     psi, params = zero.num_parameters(cfg), list(zero.make_model(cfg).parameters())

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import cluster
-import helpers
+import launch
 
 NOTEBOOKS = Path(cluster.__file__).parent   # not conftest's: spawned workers import this file
 
@@ -273,7 +273,7 @@ def test_a_terminated_owner_cleans_up_and_a_killed_ones_leftovers_are_removed(ma
 
 def where_am_i(rank, world_size):
     """A worker for run_workers: the namespace and settings it ran with, and an all_reduce."""
-    helpers.init_distributed(timeout=30)
+    launch.init_distributed(timeout=30)
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
     return {'netns': os.readlink('/proc/self/ns/net'), 'sum': t.item(),

@@ -3,8 +3,6 @@ import gzip
 import hashlib
 import io
 import json
-import multiprocessing
-import socket
 import struct
 import time
 import urllib.error
@@ -363,65 +361,6 @@ def test_record_writes_json_atomically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ['99_test.json']
 
 
-# ------------------------------------------------------------------ processes
-@pytest.mark.parametrize('gpus, world, backend, device', [
-    (0, 2, 'gloo', 'cpu'), (2, 2, 'nccl', 'cuda:1'), (1, 2, 'gloo', 'cuda:0')])
-def test_init_distributed_picks_backend_and_device(monkeypatch, gpus, world, backend, device):
-    calls = {}
-    monkeypatch.setattr(d2l, 'num_gpus', lambda: gpus)
-    monkeypatch.setattr(torch.cuda, 'set_device', lambda d: None)
-    monkeypatch.setattr(torch.distributed, 'is_nccl_available', lambda: True)
-    monkeypatch.setattr(torch.distributed, 'init_process_group',
-                        lambda b, **kw: calls.update(backend=b, **kw))
-    monkeypatch.setenv('RANK', '1')
-    monkeypatch.setenv('WORLD_SIZE', str(world))
-    monkeypatch.delenv('LOCAL_RANK', raising=False)
-    rank, world_size, dev = d2l.init_distributed(timeout=7)
-    assert (rank, world_size, str(dev)) == (1, world, device)
-    assert calls['backend'] == backend and calls['timeout'].total_seconds() == 7
-
-
-def test_run_workers_runs_a_collective():
-    import workers
-    assert d2l.run_workers(workers.all_reduce_rank, 2, timeout=60) == [3.0, 3.0]
-
-
-def test_crashing_worker_becomes_an_error_and_nothing_survives():
-    import workers
-    tik = time.monotonic()
-    with pytest.raises(RuntimeError, match='rank 1 of 2 failed:(.|\n)*rank 1 refuses'):
-        d2l.run_workers(workers.fail_on_rank_1, 2, timeout=60)
-    assert time.monotonic() - tik < 60 and multiprocessing.active_children() == []
-
-
-def test_dead_worker_is_reported_with_its_exit_code():
-    import workers
-    with pytest.raises(RuntimeError, match='died with exit code 3'):
-        d2l.run_workers(workers.exit_hard, 1, timeout=60)
-    assert multiprocessing.active_children() == []
-
-
-def test_hung_worker_times_out_and_is_killed():
-    import workers
-    tik = time.monotonic()
-    with pytest.raises(RuntimeError, match='timed out after 4 s'):
-        d2l.run_workers(workers.sleep_forever, 2, timeout=4)
-    assert time.monotonic() - tik < 20 and multiprocessing.active_children() == []
-
-
-def test_busy_port_and_bad_world_size_are_refused_before_starting():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        s.listen()
-        port = s.getsockname()[1]
-        assert not d2l.port_is_free(port)
-        with pytest.raises(ValueError, match=f'port {port} on 127.0.0.1 is busy'):
-            d2l.run_workers(print, 2, port=port)
-    with pytest.raises(ValueError, match='world_size'):
-        d2l.run_workers(print, 0)
-    assert d2l.port_is_free(d2l.free_port())
-
-
 # ------------------------------------------------------------------ d2l's names
 def test_d2l_names_the_chapter_uses_exist_with_d2l_signatures():
     import inspect
@@ -528,19 +467,12 @@ def test_course_root_is_the_repository_here_and_the_working_directory_elsewhere(
     import sys
     from pathlib import Path
     assert d2l.ROOT == Path(d2l.__file__).resolve().parent.parent
-    (tmp_path / 'helpers.py').write_text(Path(d2l.__file__).read_text())
+    for module in ('helpers.py', 'stats.py'):  # helpers and what it imports
+        (tmp_path / module).write_text((Path(d2l.__file__).parent / module).read_text())
     probe = 'import helpers, pathlib; print(helpers.ROOT == pathlib.Path.cwd().resolve())'
     out = subprocess.run([sys.executable, '-c', probe], cwd=tmp_path, capture_output=True,
                          text=True, env={'PATH': '/usr/bin:/bin'}, timeout=60)
     assert out.stdout.strip() == 'True', out.stderr[-1000:]
-
-
-def test_workers_report_progress_while_they_run():
-    import workers
-    seen = []
-    results = d2l.run_workers(workers.report_epochs, 2, 3, timeout=60,
-                              on_progress=lambda rank, m: seen.append((rank, m['epoch'])))
-    assert results == [3, 3] and seen == [(0, 0), (0, 1), (0, 2)]
 
 
 def test_synthetic_data_is_cached_on_disk_and_a_bad_cache_is_redrawn(tmp_path, monkeypatch):

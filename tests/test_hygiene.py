@@ -1,4 +1,5 @@
-"""Every notebook follows the course anatomy (see ../shared/DESIGN.md) and is committed clean."""
+"""Every notebook follows the course anatomy (CONTRIBUTING.md) and is committed clean: its
+parts in order, short cells, prose in Markdown rather than in code, and no outputs."""
 import ast
 import importlib.util
 import json
@@ -68,3 +69,37 @@ def test_colab_badge_and_install_cell_agree_with_pyproject(path):
         f'{path.name}' in nb.cells[badge].source
     assert f"REPO, BRANCH = '{repo}', '{config['branch']}'" in nb.cells[install].source
     assert not re.search(r'pip.*\btorch\b', nb.cells[install].source), "keep Colab's torch"
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_reads_like_a_course(path):
+    """scripts/anatomy.py's figures within its targets: median cell <= 12 lines, longest <= 45,
+    at most 2 over 30, setup <= 12, English in one-line strings <= 5% of code lines, at most
+    10 inline conditionals, and at least 4 Markdown words per line of code."""
+    anatomy = load_script('anatomy')
+    figures = anatomy.figures(path)
+    assert not anatomy.failures(figures), (anatomy.failures(figures), figures)
+
+
+def test_anatomy_counts_prose_in_strings_and_inline_conditionals():
+    anatomy = load_script('anatomy')
+    assert anatomy.scan("x = 'the cat sat'\ny = 'a_b'\n") == (1, 0)
+    assert anatomy.scan('"""A docstring of many words."""\n') == (0, 0)
+    assert anatomy.scan("z = 1 if a else 2\nif b:\n    pass\nw = [i for i in r if i]\n") \
+        == (0, 2)
+    assert anatomy.scan("f'{n} threads ran faster than one'\n") == (1, 0)
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
+def test_parts_come_in_the_course_order(path):
+    """Title and idea, the Colab cell, parameters, a setup cell, then lessons; the recorded
+    results close the notebook."""
+    cells = json.loads(path.read_text())['cells']
+    kinds = [c['cell_type'] for c in cells]
+    tagged = next(i for i, c in enumerate(cells)
+                  if 'parameters' in c.get('metadata', {}).get('tags', []))
+    install = next(i for i, c in enumerate(cells) if "'google.colab' in sys.modules" in code(c))
+    assert kinds[0] == 'markdown' and install < tagged, 'title, then Colab, then parameters'
+    first_code = [i for i, k in enumerate(kinds) if k == 'code']
+    assert first_code[:2] == [install, tagged], 'nothing runs before the parameters'
+    assert 'd2l.record(' in code(cells[first_code[-1]]), 'the recorded results close it'

@@ -5,11 +5,11 @@ import time
 import torch
 import torch.distributed as dist
 
-import helpers
+import launch
 
 
 def all_reduce_rank(rank, world_size):
-    helpers.init_distributed(timeout=30)
+    launch.init_distributed(timeout=30)
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
     return t.item()
@@ -18,7 +18,7 @@ def all_reduce_rank(rank, world_size):
 def fail_on_rank_1(rank, world_size):
     if rank == 1:
         raise ValueError('rank 1 refuses')
-    helpers.init_distributed(timeout=30)
+    launch.init_distributed(timeout=30)
     dist.barrier()  # would wait for rank 1 forever without the launcher's clean-up
     return rank
 
@@ -34,5 +34,5 @@ def sleep_forever(rank, world_size):
 def report_epochs(rank, world_size, epochs):
     for epoch in range(epochs):
         if rank == 0:
-            helpers.report(epoch=epoch, loss=1.0 / (epoch + 1))
+            launch.report(epoch=epoch, loss=1.0 / (epoch + 1))
     return epochs

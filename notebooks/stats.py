@@ -1,0 +1,213 @@
+"""Statistics for the course's measurements, and the one noise rule every comparison obeys.
+
+The noise rule: two measurements differ only when the difference of their medians is larger
+than the spread of their repeats (their ranges do not overlap) and larger than 5%. Anything
+less is reported as "no difference measured", and no mechanism is ever offered for it.
+
+`compare` applies the rule and returns a `Comparison`, whose `verdict` is the one computed
+sentence a notebook may print about a result (report.say shows it). The sentences come from
+the readable templates below, never from fragments assembled in a notebook.
+"""
+import math
+from dataclasses import dataclass
+
+NOISE_FLOOR = 0.05  # a relative difference below this is noise, repeats or not
+
+
+def median(values):
+    """The median of a non-empty sequence (the mean of the two middle values when even)."""
+    s = sorted(values)
+    if not s:
+        raise ValueError('median of an empty sequence')
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def spread(values):
+    """(smallest, largest) of the repeats."""
+    return min(values), max(values)
+
+
+def samples(x):
+    """The repeats behind a measurement: a helpers.Measurement's times, a sequence's values,
+    or a single number as a one-element tuple."""
+    if hasattr(x, 'times'):
+        return tuple(x.times)
+    if isinstance(x, (int, float)):
+        return (float(x),)
+    values = tuple(float(v) for v in x)
+    if not values:
+        raise ValueError('a measurement needs at least one value')
+    return values
+
+
+def fit_line(x, y):
+    """Least-squares (intercept, slope) of y = intercept + slope * x."""
+    n = len(x)
+    if n < 2 or n != len(y):
+        raise ValueError(f'fit_line needs two or more (x, y) pairs, got {len(x)} and {len(y)}')
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((a - mx) ** 2 for a in x)
+    if sxx == 0:
+        raise ValueError('fit_line needs at least two distinct x values')
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
+    return my - slope * mx, slope
+
+
+def format_value(x, unit=''):
+    """A number as a reader wants it: seconds as '15 us' or '1.2 s' (unit 's'), a share as
+    '46%' (unit '%'), anything else to three significant digits with its unit."""
+    if unit == 's':
+        for name, scale in (('s', 1), ('ms', 1e-3), ('us', 1e-6)):
+            if abs(float(f'{x:.3g}')) >= scale:
+                return f'{float(f"{x:.3g}") / scale:.3g} {name}'
+        return f'{x / 1e-9:.3g} ns'
+    if unit == '%':
+        return f'{x:.0%}' if abs(x) >= 0.095 else f'{x:.1%}'
+    text = f'{x:,.0f}' if abs(x) >= 1000 else f'{x:.3g}'
+    return f'{text} {unit}'.strip()
+
+
+# What a verdict says, one template per outcome. {a} and {b} are the two names, {x} and {y}
+# their medians as formatted values, {factor} the larger median over the smaller.
+TEMPLATES = {
+    'same': 'No difference measured between {a} and {b}: {x} against {y} is within {noise}.',
+    'faster': '{a} was {factor:.2f}x faster than {b} ({x} against {y}; {evidence}).',
+    'slower': '{a} was {factor:.2f}x slower than {b} ({x} against {y}; {evidence}).',
+    'ratio': '{a} measured {ratio:.2f}x {b} ({x} against {y}; {evidence}).',
+}
+NOISE = {
+    'spread': 'the spread of the repeats',
+    'floor': f'{NOISE_FLOOR:.0%}, the smallest difference this course reports',
+}
+EVIDENCE = {
+    'repeats': 'the repeats do not overlap',
+    'single': 'single measurements, so only the 5% rule applies',
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two measurements set side by side under the noise rule (a is the subject)."""
+    a: str
+    b: str
+    a_values: tuple
+    b_values: tuple
+    lower_is_better: bool = True
+    unit: str = 's'
+
+    @property
+    def a_median(self):
+        return median(self.a_values)
+
+    @property
+    def b_median(self):
+        return median(self.b_values)
+
+    @property
+    def ratio(self):
+        """b's median over a's: for times, how many times faster a ran than b."""
+        return self.b_median / self.a_median
+
+    @property
+    def factor(self):
+        """The larger median over the smaller (1 or more)."""
+        hi, lo = max(self.a_median, self.b_median), min(self.a_median, self.b_median)
+        return hi / lo if lo > 0 else math.inf
+
+    @property
+    def repeated(self):
+        return len(self.a_values) > 1 and len(self.b_values) > 1
+
+    @property
+    def overlap(self):
+        """Whether the ranges of the repeats overlap (False without repeats on both sides)."""
+        if not self.repeated:
+            return False
+        (a_lo, a_hi), (b_lo, b_hi) = spread(self.a_values), spread(self.b_values)
+        return max(a_lo, b_lo) <= min(a_hi, b_hi)
+
+    @property
+    def differs(self):
+        """The noise rule: outside the repeats' spread and more than NOISE_FLOOR apart."""
+        return not self.overlap and self.factor - 1 > NOISE_FLOOR
+
+    @property
+    def a_is_better(self):
+        """Whether a came out better (None when no difference was measured)."""
+        if not self.differs:
+            return None
+        return (self.a_median < self.b_median) == self.lower_is_better
+
+    @property
+    def verdict(self):
+        """The one sentence a notebook prints about this comparison."""
+        x, y = format_value(self.a_median, self.unit), format_value(self.b_median, self.unit)
+        if not self.differs:
+            return TEMPLATES['same'].format(a=self.a, b=self.b, x=x, y=y,
+                                            noise=NOISE['spread' if self.overlap else 'floor'])
+        outcome = ('ratio' if self.unit != 's' else
+                   'faster' if self.a_median < self.b_median else 'slower')
+        return TEMPLATES[outcome].format(
+            a=self.a, b=self.b, x=x, y=y, factor=self.factor, ratio=1 / self.ratio,
+            evidence=EVIDENCE['repeats' if self.repeated else 'single'])
+
+    def __str__(self):
+        return self.verdict
+
+
+def compare(a, b, a_name=None, b_name=None, lower_is_better=True, unit='s'):
+    """Set measurement `a` beside `b` under the noise rule.
+
+    a, b: a helpers.Measurement (its repeats are used), a sequence of repeats, or one number.
+    Names default to the Measurements' labels. Times (unit 's') read "a was 1.52x faster than
+    b"; any other unit ('', 'GB/s', '%') reads "a measured 0.66x b". lower_is_better says which
+    way a_is_better points, for code that must choose (a plot's colour, an assertion)."""
+    names = [n if n is not None else getattr(m, 'label', None)
+             for n, m in ((a_name, a), (b_name, b))]
+    if None in names:
+        raise ValueError('compare needs a name for each side (a_name, b_name)')
+    return Comparison(names[0], names[1], samples(a), samples(b), lower_is_better, unit)
+
+
+# What a measurement against a model or a bound says.
+MODEL_TEMPLATES = {
+    'agrees': 'The measured {what}, {x}, agrees with the model\'s {y} (within {tol:.0%}).',
+    'above': 'The measured {what}, {x}, is {off:.0%} above the model\'s {y}.',
+    'below': 'The measured {what}, {x}, is {off:.0%} below the model\'s {y}.',
+}
+
+
+@dataclass(frozen=True)
+class AgainstModel:
+    what: str
+    measured: float
+    model: float
+    tolerance: float = NOISE_FLOOR
+    unit: str = ''
+
+    @property
+    def off(self):
+        """(measured - model) / model."""
+        return (self.measured - self.model) / self.model
+
+    @property
+    def agrees(self):
+        return abs(self.off) <= self.tolerance
+
+    @property
+    def verdict(self):
+        outcome = 'agrees' if self.agrees else 'above' if self.off > 0 else 'below'
+        return MODEL_TEMPLATES[outcome].format(
+            what=self.what, x=format_value(self.measured, self.unit),
+            y=format_value(self.model, self.unit), tol=self.tolerance, off=abs(self.off))
+
+    def __str__(self):
+        return self.verdict
+
+
+def against_model(what, measured, model, tolerance=NOISE_FLOOR, unit=''):
+    """A measurement set beside what a model (a formula, a paper's accounting) predicts."""
+    if model == 0:
+        raise ValueError(f'the model predicts 0 for {what}: nothing to compare against')
+    return AgainstModel(what, float(median(samples(measured))), float(model), tolerance, unit)

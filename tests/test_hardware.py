@@ -1,0 +1,135 @@
+"""The machine probe the course cites: vector units and peaks, caches, what the cores are, and
+the load other programs put on the machine."""
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+import hardware
+
+EPYC_ZEN4 = hardware.CpuInfo('AMD EPYC 9R14 96-Core Processor', 'AuthenticAMD', 25, 17,
+                             flags=frozenset({'avx2', 'fma', 'avx512f', 'avx512_bf16'}))
+SKYLAKE_GOLD = hardware.CpuInfo('Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz', 'GenuineIntel', 6, 85,
+                                flags=frozenset({'avx2', 'fma', 'avx512f'}))
+SKYLAKE_SILVER = dataclasses.replace(SKYLAKE_GOLD, model='Intel(R) Xeon(R) Silver 4114 CPU')
+SPR_VM = hardware.CpuInfo('Intel(R) Xeon(R) Processor', 'GenuineIntel', 6, 167,
+                          flags=frozenset({'avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16',
+                                           'amx_tile', 'avx512_fp16', 'hypervisor'}))
+HASWELL = hardware.CpuInfo('Intel(R) Xeon(R) CPU E5-2686 v4', 'GenuineIntel', 6, 79,
+                           flags=frozenset({'avx', 'avx2', 'fma'}))
+ZEN2 = hardware.CpuInfo('AMD EPYC 7B12', 'AuthenticAMD', 23, 49,
+                        flags=frozenset({'avx', 'avx2', 'fma'}))
+
+
+@pytest.mark.parametrize('info, name, per_cycle', [
+    (EPYC_ZEN4, 'Zen 4', 32),          # 512-bit instructions as two 256-bit halves
+    (SKYLAKE_GOLD, 'Skylake-SP / Cascade Lake', 64),
+    (SKYLAKE_SILVER, 'Skylake-SP / Cascade Lake', 32),   # one FMA pipe
+    (SPR_VM, 'Sapphire Rapids or newer', 64),            # AMX decides, not model 167
+    (HASWELL, 'GenuineIntel AVX2 core', 32),
+    (ZEN2, 'Zen 2', 32),
+])
+def test_fp32_flops_per_cycle_follow_the_vector_units(info, name, per_cycle):
+    arch = hardware.microarchitecture(info)
+    assert (arch.name, arch.fp32_flops_per_cycle) == (name, per_cycle), arch
+    assert arch.evidence
+
+
+def test_zen4_evidence_names_the_split_and_vm_evidence_names_the_model_number():
+    assert 'two 256-bit halves' in hardware.microarchitecture(EPYC_ZEN4).evidence
+    assert 'model number, 167' in hardware.microarchitecture(SPR_VM).evidence
+
+
+def test_other_precisions_scale_from_fp32():
+    assert hardware.flops_per_cycle('float64', EPYC_ZEN4) == 16
+    assert hardware.flops_per_cycle('bfloat16', EPYC_ZEN4) == 64    # avx512_bf16 dot products
+    assert hardware.flops_per_cycle('float16', EPYC_ZEN4) == 32     # no fp16 instructions
+    assert hardware.flops_per_cycle('bfloat16', SPR_VM) == 1024     # AMX tiles
+    info = dataclasses.replace(EPYC_ZEN4, physical_cores=2)
+    assert hardware.peak_flops('float32', 3.0, info) == 32 * 2 * 3e9
+    assert hardware.peak_flops('float32', None, info) is None
+
+
+def test_unknown_vector_units_say_so():
+    arch = hardware.microarchitecture(hardware.CpuInfo('mystery', flags=frozenset()))
+    assert arch.fp32_flops_per_cycle is None and hardware.flops_per_cycle('float32',
+                                                                          hardware.CpuInfo('m')) \
+        is None
+
+
+def test_sizes_as_linux_writes_them():
+    assert hardware.parse_size('48K') == 48 * 2**10
+    assert hardware.parse_size('480M') == 480 * 2**20
+    assert hardware.parse_size('1G') == 2**30 and hardware.parse_size('32 MiB') == 32 * 2**20
+    with pytest.raises(ValueError, match='not a size'):
+        hardware.parse_size('big')
+
+
+def test_cache_sizes_read_from_a_sysfs_tree(tmp_path):
+    for i, (level, kind, size, shared) in enumerate([(1, 'Data', '48K', '0'),
+                                                     (1, 'Instruction', '32K', '0'),
+                                                     (2, 'Unified', '2048K', '0-1'),
+                                                     (3, 'Unified', '32M', '0-3,8-11')]):
+        d = tmp_path / 'cache' / f'index{i}'
+        d.mkdir(parents=True)
+        for name, value in (('level', level), ('type', kind), ('size', size),
+                            ('shared_cpu_list', shared)):
+            (d / name).write_text(f'{value}\n')
+    sizes, shared = hardware.cache_sizes(tmp_path)
+    assert sizes == {'L1': 48 * 2**10, 'L2': 2 * 2**20, 'L3': 32 * 2**20}
+    assert shared == {'L1': 1, 'L2': 2, 'L3': 8}
+
+
+def test_this_machine_is_described():
+    info = hardware.cpu_info()
+    assert info.logical_cores >= 1 and info.smt_siblings >= 1
+    assert hardware.microarchitecture(info).evidence
+
+
+@pytest.mark.parametrize('scaling, kind', [
+    ({'compute': 1.95, 'latency': 1.97}, 'separate'),
+    ({'compute': 1.08, 'latency': 1.85}, 'siblings'),
+    ({'compute': 1.45, 'latency': 1.5}, 'unclear'),
+])
+def test_what_the_cores_are_follows_the_two_measurements(scaling, kind):
+    got, sentence = hardware.what_the_cores_are(scaling, 2)
+    assert got == kind and f'{scaling["compute"]:.2f}x' in sentence
+    assert hardware.what_the_cores_are(scaling, 1)[0] == 'one'
+
+
+def test_two_thread_scaling_measures_both_kinds():
+    scaling = hardware.two_thread_scaling(seconds=0.05, repeats=1)
+    assert set(scaling) == {'compute', 'latency'} and all(v > 0 for v in scaling.values())
+
+
+BUSY = 'import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n'
+
+
+def test_load_meter_counts_other_programs_but_not_our_own_workers():
+    with hardware.LoadMeter() as ours:
+        child = subprocess.Popen([sys.executable, '-c', BUSY.format(s=1.0)])
+        child.wait()
+    # a grandchild whose parent exits at once is re-parented away from us: another program
+    with hardware.LoadMeter() as theirs:
+        subprocess.run(['sh', '-c', f'{sys.executable} -c "{BUSY.format(s=1.0)}" &'],
+                       check=True)
+        time.sleep(1.2)
+    cores = hardware.cpu_info().logical_cores
+    assert ours.others < 0.5 / cores + 0.15, ours.others
+    assert theirs.others > 0.6 / cores, theirs.others
+    assert 'other programs took' in str(theirs)
+
+
+def test_diagnose_is_kept_per_boot_and_measured_again_when_asked(tmp_path):
+    path = tmp_path / 'machine.json'
+    first = hardware.diagnose(path=path)
+    assert set(first['two_thread_scaling']) == {'compute', 'latency'}
+    assert first['fp32_flops_per_cycle'] == hardware.microarchitecture().fp32_flops_per_cycle
+    assert first['cores'] in ('separate', 'siblings', 'unclear', 'one')
+    if json.loads(path.read_text())['key']['boot_id']:
+        assert hardware.diagnose(path=path) == first
+    again = hardware.diagnose(fresh=True, path=path)
+    assert again['measured_at'] >= first['measured_at']

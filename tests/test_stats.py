@@ -1,0 +1,107 @@
+"""The noise rule, the verdict sentences and the tables every notebook prints its results with."""
+import pytest
+
+import helpers as d2l
+import report
+import stats
+
+
+def test_median_is_the_middle_or_the_mean_of_the_two_middles():
+    assert stats.median([3, 1, 2]) == 2
+    assert stats.median([4, 1, 3, 2]) == 2.5          # not the upper middle, 3
+    assert stats.median([5.0]) == 5.0
+    with pytest.raises(ValueError, match='empty'):
+        stats.median([])
+
+
+def test_measurement_uses_the_one_median():
+    m = d2l.Measurement('x', [4.0, 1.0, 3.0, 2.0], 1, 'cpu')
+    assert m.median == stats.median(m.times) == 2.5
+
+
+def test_overlapping_repeats_are_no_difference_whatever_the_medians():
+    c = stats.compare([1.0, 1.3, 2.0], [1.5, 1.9, 2.1], 'compiled', 'eager')
+    assert c.overlap and not c.differs and c.a_is_better is None
+    assert c.verdict.startswith('No difference measured between compiled and eager')
+    assert 'spread of the repeats' in c.verdict
+
+
+def test_a_difference_under_five_percent_is_no_difference_even_without_overlap():
+    c = stats.compare([1.00, 1.01], [1.03, 1.04], 'a', 'b')
+    assert not c.overlap and not c.differs
+    assert '5%' in c.verdict and 'No difference measured' in c.verdict
+
+
+def test_a_clear_difference_names_the_faster_side_and_its_factor():
+    fast, slow = [1.0, 1.1, 1.05], [2.0, 2.2, 2.1]
+    c = stats.compare(fast, slow, 'ring', 'naive')
+    assert c.differs and c.a_is_better and c.factor == pytest.approx(2.1 / 1.05)
+    assert c.verdict == ('ring was 2.00x faster than naive (1.05 s against 2.1 s; the repeats '
+                         'do not overlap).')
+    assert stats.compare(slow, fast, 'naive', 'ring').verdict.startswith(
+        'naive was 2.00x slower than ring')
+
+
+def test_single_measurements_fall_back_to_the_five_percent_rule():
+    assert not stats.compare(1.0, 1.04, 'a', 'b').differs
+    c = stats.compare(1.0, 1.2, 'a', 'b')
+    assert c.differs and 'single measurements' in c.verdict
+
+
+def test_values_other_than_times_read_as_a_ratio_and_know_which_way_is_better():
+    c = stats.compare([0.5], [1.0], 'FSDP', 'DDP', lower_is_better=True, unit='B')
+    assert c.verdict.startswith('FSDP measured 0.50x DDP') and c.a_is_better
+    acc = stats.compare([0.9, 0.91], [0.6, 0.62], 'k=1', 'k=2', lower_is_better=False, unit='')
+    assert acc.a_is_better and 'measured 1.48x' in acc.verdict
+
+
+def test_compare_takes_measurements_and_their_labels():
+    a = d2l.Measurement('eager', [1e-5, 1.1e-5, 1.2e-5], 1, 'cpu')
+    b = d2l.Measurement('compiled', [3e-5, 3.1e-5, 3.3e-5], 1, 'cpu')
+    c = stats.compare(a, b)
+    assert (c.a, c.b) == ('eager', 'compiled') and '11 us against 31 us' in c.verdict
+    with pytest.raises(ValueError, match='needs a name'):
+        stats.compare([1.0], [2.0])
+
+
+def test_against_model_agrees_within_its_tolerance_and_says_by_how_much_otherwise():
+    assert stats.against_model('bytes', 1.02e6, 1e6, tolerance=0.03).agrees
+    off = stats.against_model('idle fraction', 0.5, 0.4, unit='%')
+    assert not off.agrees and off.verdict == ('The measured idle fraction, 50%, is 25% above '
+                                              'the model\'s 40%.')
+    with pytest.raises(ValueError, match='predicts 0'):
+        stats.against_model('x', 1, 0)
+
+
+def test_fit_line_recovers_a_line_and_refuses_too_little_data():
+    b, m = stats.fit_line([1, 2, 3, 4], [3, 5, 7, 9])
+    assert (b, m) == pytest.approx((1, 2))
+    with pytest.raises(ValueError):
+        stats.fit_line([1], [2])
+    with pytest.raises(ValueError, match='distinct'):
+        stats.fit_line([2, 2], [1, 3])
+
+
+def test_format_value_units():
+    assert stats.format_value(1.5e-5, 's') == '15 us'
+    assert stats.format_value(0.9999e-3, 's') == '1 ms'
+    assert stats.format_value(0.457, '%') == '46%' and stats.format_value(0.0049, '%') == '0.5%'
+    assert stats.format_value(12345.6, 'B') == '12,346 B'
+    assert stats.format_value(3.14159) == '3.14'
+
+
+def test_tables_render_rows_with_units_and_refuse_nothing(capsys):
+    text = report.markdown_table({'eager': {'time': 1e-3, 'share': 0.5},
+                                  'compiled': {'time': 2e-3, 'share': None}},
+                                 units={'time': 's', 'share': '%'})
+    assert text.splitlines() == ['|  | time | share |', '|---|---|---|',
+                                 '| eager | 1 ms | 50% |', '| compiled | 2 ms |  |']
+    report.table([{'k': 1, 'ok': True}], title='Runs')
+    assert capsys.readouterr().out == '**Runs**\n\n| k | ok |\n|---|---|\n| 1 | True |\n'
+    with pytest.raises(ValueError):
+        report.markdown_table([])
+
+
+def test_say_prints_one_verdict(capsys):
+    report.say(stats.compare([1.0], [3.0], 'a', 'b'))
+    assert capsys.readouterr().out.startswith('a was 3.00x faster than b')
