@@ -204,243 +204,6 @@ def on_device(machine, device):
 # Each plan_NN(machine, ...) returns a Plan whose values fill the notebook's None parameters.
 
 
-# ------------------------------------------------------------------------------- notebook 05
-LENET_TRAIN_FLOPS = 3 * 4.5e6   # LeNet's forward pass is 4.5 MFLOP an example; backward twice that
-LENET_PARAMS = 129_068
-CPU_LENET_EFFICIENCY = 0.25     # LeNet's small convolutions run at about a quarter of matmul's rate
-GPU_LENET_EFFICIENCY = 0.1      # tiny kernels: far from a GPU's matmul rate
-GPU_REPLICA_STEP_S = 3e-3       # launches and Python per replica per step (about 80 kernels)
-GPU_LOADER_S_PER_EXAMPLE = 1e-5  # DataLoader indexing and collating on a slow host, per example
-BOOK_05 = {'num_epochs': 10, 'num_train': 60000, 'num_test': 10000}
-
-
-def plan_05(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivalence_steps=5):
-    """Notebook 05: epochs and examples for LeNet trained by hand on k (emulated) devices.
-
-    The notebook trains once per k in device_counts for num_epochs epochs, three more single
-    epochs (a 4x smaller and a 4x larger global batch, and the larger one with a scaled learning
-    rate), and a few dozen steps for the equivalence checks. On a GPU the book's scale (10 epochs
-    of 60,000 examples) is kept where it fits the budget; on a CPU two epochs of the largest
-    subset that fits are chosen, because that subset is what CI runs."""
-    per_example = LENET_TRAIN_FLOPS / (machine.flops * (
-        GPU_LENET_EFFICIENCY if machine.on_gpu else CPU_LENET_EFFICIENCY))
-
-    def step_s(batch, k):  # one synchronous step of `batch` examples over k replicas
-        if not machine.on_gpu:
-            return batch * per_example * (1 + 0.1 * (k - 1))  # emulated: k small passes
-        return (batch * (per_example + GPU_LOADER_S_PER_EXAMPLE)
-                + k * GPU_REPLICA_STEP_S * (1 + batch / 4096))
-
-    def seconds(sizes):
-        epochs, n, n_test = sizes['num_epochs'], sizes['num_train'], sizes['num_test']
-        train = sum(epochs * (n // batch_size) * step_s(batch_size, k) for k in device_counts)
-        larger = [(max(1, batch_size // 4), 1), (4 * batch_size, 1), (4 * batch_size, 1)]
-        train += sum((n // b) * step_s(b, k) for b, k in larger)
-        # float64 (about 3x), float32 and TF32 checks, even and uneven, and exercise 2, each
-        # of two runs on a batch of about 64
-        equivalence = (2 * (3 + 1 + 1) * equivalence_steps + 3 * 3) * 2 * step_s(64, num_gpus)
-        evaluations = (epochs * len(device_counts) + 5) * n_test * per_example / 3
-        return train + equivalence + evaluations
-
-    if machine.on_gpu:
-        candidates = [BOOK_05, {**BOOK_05, 'num_epochs': 5}, {**BOOK_05, 'num_epochs': 2},
-                      {'num_epochs': 2, 'num_train': 20000, 'num_test': 5000}]
-        limit = budget('05', machine) * 0.5  # the rest: pipeline processes, timings, start-up
-    else:
-        candidates = [{'num_epochs': 2, 'num_train': n, 'num_test': 1000}
-                      for n in (60000, 30000, 20000, 16000, 12000, 10000, 8000, 6000, 5000,
-                                4000, 3000, 2000)]
-        # the rest of the 90 s: kernel start, two worker processes, the timing sections, and
-        # headroom for a machine that is busy with other work
-        limit = budget('05', machine) * 0.27
-    chosen = largest_fitting(candidates, seconds, limit)
-    book = chosen == BOOK_05
-    images = chosen['num_train'] + chosen['num_test']
-    activations = 4 * batch_size * 4 * (20 * 26 * 26 + 50 * 9 * 9) * 3  # largest batch, fwd+bwd
-    fits = seconds(chosen) <= limit
-    why = ('The book\'s scale (10 epochs of all 60,000 examples) fits the budget here.' if book
-           else (f'{chosen["num_epochs"]} epoch(s) of {chosen["num_train"]:,} examples fit '
-                 f'{limit:.0f} s of training here' if fits else
-                 f'Even the smallest choice, {chosen["num_epochs"]} epoch(s) of '
-                 f'{chosen["num_train"]:,} examples, needs more than the {limit:.0f} s planned '
-                 'for training: this machine is slow or busy, and the notebook will take longer')
-           + '; num_epochs=10, num_train=60000, num_test=10000 run the book\'s scale.')
-    return Plan(dict(chosen), seconds(chosen),
-                device_bytes=activations + 4 * LENET_PARAMS * 4 * max(device_counts),
-                host_bytes=images * 28 * 28 * 5, why=why)
-
-
-# ------------------------------------------------------------------------------- notebook 08
-ZERO_STRATEGIES = 4             # ddp, zero1, zero2, fsdp: each trained in every run
-ZERO_STEPS = 8                  # 2 warm-up, 5 timed and 1 counted step per strategy and run
-ZERO_BATCH_PER_RANK = 32
-# One process's training step on a CPU, per parameter, in matmul-FLOP equivalents: forward and
-# backward are 6 x 32 = 192 FLOPs; Adam, the shard copies and loopback communication through
-# gloo cost far more than that. Fitted to runs on a 2-core machine (4 strategies, k = 1, 2, 4,
-# 0.16 to 2.2 M parameters).
-ZERO_CPU_STEP_FLOPS_PER_PARAM = 5000
-ZERO_GPU_STEP_S = 5e-3          # launches, Python and collective latency per strategy-step
-ZERO_GPU_HIDDEN = 4096          # about 34 M parameters: 0.5 GB per rank under DDP
-ZERO_INIT_S_PER_PARAM = 2e-8    # random initialisation of a parameter on the host
-
-
-def zero_parameters(hidden, in_features=100, num_hidden=2, classes=10):
-    """Parameters of notebook 08's MLP (zero.make_model): in -> hidden x (num_hidden+1) -> out."""
-    widths = [in_features] + [hidden] * (num_hidden + 1) + [classes]
-    return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
-
-
-def zero_run_overhead_s(k, cores):
-    """A run's cost besides its training steps: k processes that import torch and FSDP and
-    build the models, on `cores` cores (measured on 2 cores with a small model: 5.3, 7.3 and
-    15.8 s for k = 1, 2 and 4)."""
-    return 2.5 + 6.0 * k / cores
-
-
-def plan_08(machine, max_processes=4, device_counts=None):
-    """Notebook 08: the MLP's hidden width, and where the k processes run.
-
-    With a GPU for every process they run on GPUs with nccl, at a width (ZERO_GPU_HIDDEN) whose
-    parameters and Adam state dwarf everything else. Otherwise they are CPU processes over gloo
-    on the host (also on a GPU machine with fewer GPUs than processes, so that every k runs the
-    same way), and the width is the largest whose runs fit the CPU budget: the notebook trains
-    the four strategies on every k, plus a crash run and a 2-process run for the exercises.
-    cpu_hidden is the width for runs that go to CPU processes while the main runs use GPUs (the
-    2-process runs on a machine with one GPU)."""
-    counts = sorted(set(device_counts or [2**i for i in range(8) if 2**i < max_processes]
-                        + [max_processes]))
-    on_gpus = machine.on_gpu and machine.gpus >= max(counts)
-    main_runs = [(k, ZERO_STRATEGIES) for k in counts]
-    small_runs = [(2, 5), (2, 0)]  # the exercises' run and the crash
-    cores = machine.host_cores
-
-    def cpu_seconds(hidden, runs):
-        psi = zero_parameters(hidden)
-        work = sum(n * ZERO_STEPS * k * psi * ZERO_CPU_STEP_FLOPS_PER_PARAM / machine.host_flops
-                   for k, n in runs)
-        return sum(zero_run_overhead_s(k, cores) for k, _ in runs) + work
-
-    def cpu_width(runs, limit):
-        return largest_fitting([2048, 1536, 1024, 768, 512, 384, 256],
-                               lambda h: 5 + cpu_seconds(h, runs), limit)
-
-    limit = budget('08', machine) * 0.7  # headroom for a machine busy with other work
-    if on_gpus:
-        psi = zero_parameters(ZERO_GPU_HIDDEN)
-        step = 6 * psi * ZERO_BATCH_PER_RANK / machine.flops + ZERO_GPU_STEP_S
-        init = ZERO_INIT_S_PER_PARAM * psi  # each strategy builds the model on the host
-        runs = main_runs + (small_runs if machine.gpus >= 2 else [])
-        seconds = 5 + sum(zero_run_overhead_s(k, cores)
-                          + n * (init * max(1, k / cores) + ZERO_STEPS * step) for k, n in runs)
-        cpu_hidden = ZERO_GPU_HIDDEN
-        if machine.gpus < 2:  # the 2-process runs go to CPU processes, at a CPU's width
-            cpu_hidden = cpu_width(small_runs, limit - seconds)
-            seconds += cpu_seconds(cpu_hidden, small_runs)
-        # DDP's 16 bytes a parameter, twice over for transient copies, on each GPU
-        return Plan({'hidden': ZERO_GPU_HIDDEN, 'backend': 'nccl', 'cpu_hidden': cpu_hidden},
-                    seconds, device_bytes=2 * 16 * psi, host_bytes=max(counts) * 16 * psi,
-                    why=f'{max(counts)} GPU(s) for {max(counts)} process(es): nccl, about '
-                        f'{psi / 1e6:.0f} M parameters.' + (
-                            f' The 2-process runs go to CPU processes at hidden={cpu_hidden}.'
-                            if machine.gpus < 2 else ''))
-    hidden = cpu_width(main_runs + small_runs, limit)
-    seconds = 5 + cpu_seconds(hidden, main_runs + small_runs)
-    psi = zero_parameters(hidden)
-    over = (f' Even the narrowest takes about {seconds:.0f} s: starting {max(counts)} '
-            'processes dominates.' if seconds > limit else '')
-    where = (f'{machine.gpus} GPU(s) for {max(counts)} processes: CPU processes over gloo on the '
-             f'host, so that every k runs the same way. ' if machine.on_gpu else '')
-    return Plan({'hidden': hidden, 'backend': 'gloo', 'cpu_hidden': hidden}, seconds,
-                host_bytes=max(counts) * (2 * 16 * psi + 400 * 2**20),  # + torch per process
-                why=f'{where}hidden={hidden} ({psi / 1e6:.2f} M parameters) is the widest MLP '
-                    f'whose runs fit {limit:.0f} s on {cores} cores; hidden={ZERO_GPU_HIDDEN} '
-                    f'is the size GPUs run.{over}')
-
-
-# ------------------------------------------------------------------------------- notebook 04
-# Matrix products are sized per precision from a short probe of each (a small product), because
-# rates differ by up to 100x on one machine: a CPU without bf16 instructions emulates bf16
-# matmul about a hundred times slower than fp32, so one size for all precisions fits no budget.
-MATMUL_SIZES_04 = (8192, 6144, 4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 128)
-MATMUL_CALL_S_04 = {'cpu': 0.25, 'cuda': 1.0}   # longest single product per precision
-MATMUL_BOOK_04 = {'cpu': 2048, 'cuda': 8192}    # the sizes the notebook used before it was sized
-DEPENDENT_READS_04 = 2**20                      # pointer-chasing steps per working set
-CPU_FIXED_S_04 = 14        # what no parameter sizes on a CPU: imports, vectorisation, latency
-                           # table, storage, precision demo, plots (measured on 2 cores)
-
-
-def precisions_04(machine):
-    """The matrix-multiply precisions notebook 04 measures on `machine`, and why any are left
-    out: below compute capability 8.0 (a T4 is 7.5) a GPU has no TF32, so a 'tf32' row would be
-    fp32 measured twice, and no bf16 tensor cores, so bf16 would not be what the row claims."""
-    if not machine.on_gpu:
-        return ['float32', 'float64', 'bfloat16', 'float16'], ''
-    if tuple(machine.compute_capability) >= (8, 0):
-        return ['float64', 'float32', 'tf32', 'bfloat16', 'float16'], ''
-    cc = '.'.join(map(str, machine.compute_capability)) or 'unknown'
-    return ['float64', 'float32', 'float16'], (
-        f'tf32 and bfloat16 are skipped: both need tensor cores of compute capability 8.0 or '
-        f'newer, and this GPU has {cc} (tf32 would run as fp32, bf16 without tensor cores).')
-
-
-def plan_04(machine, matmul_flops=None, llc_bytes=None, gpu_l2_bytes=None, repeats=3):
-    """Notebook 04: matrix sizes per precision, the buffers of the memory measurements, and the
-    thread counts of the scaling sweep.
-
-    matmul_flops: {precision: FLOP/s} from a short probe of each precision; None assumes the
-      fp32 rate of `machine` for every precision (fp64 at 1/32 of it on a GPU, as on a T4).
-    llc_bytes: the host's last-level cache (None: 32 MiB). Bandwidth buffers and the largest
-      working set of the cache curves are at least 4 times it, so that they measure DRAM.
-    gpu_l2_bytes: the GPU's L2 cache; its bandwidth buffer is at least 4 times that too."""
-    kind = 'cuda' if machine.on_gpu else 'cpu'
-    names, skipped = precisions_04(machine)
-    rates = {p: machine.flops / (32 if machine.on_gpu and p == 'float64' else 1) for p in names}
-    rates.update({p: r for p, r in (matmul_flops or {}).items() if p in rates})
-    if min(rates.values()) <= 0:
-        raise ValueError(f'matmul_flops must be positive, got {matmul_flops}')
-    call_s, calls = MATMUL_CALL_S_04[kind], 1 + repeats
-    largest = MATMUL_BOOK_04[kind]
-    product_s = lambda n, rate: 2 * n**3 / rate
-    sizes = {p: largest_fitting([n for n in MATMUL_SIZES_04 if n <= largest],
-                                lambda n, r=rate: product_s(n, r), call_s)
-             for p, rate in rates.items()}
-    # the thread sweep runs fp32 on the host CPU, from one core (its rate: 1/cores of all)
-    one_core = machine.host_flops / machine.host_cores
-    sweep_n = largest_fitting([n for n in MATMUL_SIZES_04 if n <= MATMUL_BOOK_04['cpu']],
-                              lambda n: product_s(n, one_core), MATMUL_CALL_S_04['cpu'])
-    threads = sorted({2**k for k in range(8) if 2**k < machine.host_cores} | {machine.host_cores})
-    llc = llc_bytes or 32 * 2**20
-    pow2_mib = lambda b: 2 ** math.ceil(math.log2(max(b, 2**20) / 2**20))
-    working_set_mb = pow2_mib(4 * llc)
-    bandwidth_mb = max(pow2_mib(4 * llc), 64)
-    if machine.on_gpu:
-        bandwidth_mb = max(bandwidth_mb, pow2_mib(4 * (gpu_l2_bytes or 50 * 2**20)), 1024)
-
-    bw, ws = bandwidth_mb * 2**20, working_set_mb * 2**20
-    host_gbs = 10e9        # a slow host's DRAM; filling buffers with random numbers: 1 GB/s
-    matmul = sum(calls * product_s(n, rates[p]) for p, n in sizes.items())
-    sweep = sum(calls * product_s(sweep_n, one_core * t) for t in threads)
-    memory = (bw + ws) / 1e9 + (30 * bw + 40 * ws) / host_gbs
-    dependent = DEPENDENT_READS_04 * 150e-9 * math.log2(ws / llc) + 0.5  # beyond the LLC
-    bus = 8 * repeats * bw / 3e9 if machine.on_gpu else 0   # pageable copies: about 3 GB/s
-    fixed = CPU_FIXED_S_04 * (1.3e11 / machine.host_flops) ** 0.5
-    seconds = matmul + sweep + memory + dependent + bus + fixed
-    element = {'float64': 8, 'float32': 4, 'tf32': 4, 'bfloat16': 2, 'float16': 2}
-    device_bytes = (max(3 * n * n * element[p] for p, n in sizes.items())
-                    + (2 * bw if machine.on_gpu else 0))
-    host_bytes = 4 * bw + 2 * ws + (bw if machine.on_gpu else 0) + 2**30  # + torch itself
-    chosen = ', '.join(f'{p} {n}' for p, n in sizes.items())
-    why = (f'Matrix products sized so that one takes at most {call_s:g} s at the rate a small '
-           f'probe measured ({chosen}); buffers and working sets of {bandwidth_mb} and '
-           f'{working_set_mb} MiB, at least 4x the {llc / 2**20:.0f} MiB last-level cache. '
-           f'matmul_size={largest} measures every precision at the size this notebook used '
-           'before it was sized to the machine.' + (f' {skipped}' if skipped else ''))
-    return Plan({'matmul_sizes': sizes, 'bandwidth_mb': bandwidth_mb,
-                 'max_working_set_mb': working_set_mb, 'thread_sweep_size': sweep_n,
-                 'thread_counts': threads}, seconds, device_bytes=device_bytes,
-                host_bytes=host_bytes, why=why)
-
-
 # ------------------------------------------------------------------------- notebooks 01 to 03
 LAUNCH_S = 10e-6                # issuing one operator from Python to a GPU (t1), about
 HOST_COPY_BYTES_S = 5e9         # a slow host's single-core memory copy, bytes per second
@@ -574,6 +337,156 @@ def plan_03(machine, num_matmuls=50):
     return Plan({'matrix_size': size, 'cpu_matrix_size': cpu_size, 'copy_size': copy_size,
                  'copy_steps': copy_steps}, seconds, device_bytes=device_bytes,
                 host_bytes=host(copy_steps), why=why)
+
+
+# ------------------------------------------------------------------------------- notebook 04
+# Matrix products are sized per precision from a short probe of each (a small product), because
+# rates differ by up to 100x on one machine: a CPU without bf16 instructions emulates bf16
+# matmul about a hundred times slower than fp32, so one size for all precisions fits no budget.
+MATMUL_SIZES_04 = (8192, 6144, 4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 128)
+MATMUL_CALL_S_04 = {'cpu': 0.25, 'cuda': 1.0}   # longest single product per precision
+MATMUL_BOOK_04 = {'cpu': 2048, 'cuda': 8192}    # the sizes the notebook used before it was sized
+DEPENDENT_READS_04 = 2**20                      # pointer-chasing steps per working set
+CPU_FIXED_S_04 = 14        # what no parameter sizes on a CPU: imports, vectorisation, latency
+                           # table, storage, precision demo, plots (measured on 2 cores)
+
+
+def precisions_04(machine):
+    """The matrix-multiply precisions notebook 04 measures on `machine`, and why any are left
+    out: below compute capability 8.0 (a T4 is 7.5) a GPU has no TF32, so a 'tf32' row would be
+    fp32 measured twice, and no bf16 tensor cores, so bf16 would not be what the row claims."""
+    if not machine.on_gpu:
+        return ['float32', 'float64', 'bfloat16', 'float16'], ''
+    if tuple(machine.compute_capability) >= (8, 0):
+        return ['float64', 'float32', 'tf32', 'bfloat16', 'float16'], ''
+    cc = '.'.join(map(str, machine.compute_capability)) or 'unknown'
+    return ['float64', 'float32', 'float16'], (
+        f'tf32 and bfloat16 are skipped: both need tensor cores of compute capability 8.0 or '
+        f'newer, and this GPU has {cc} (tf32 would run as fp32, bf16 without tensor cores).')
+
+
+def plan_04(machine, matmul_flops=None, llc_bytes=None, gpu_l2_bytes=None, repeats=3):
+    """Notebook 04: matrix sizes per precision, the buffers of the memory measurements, and the
+    thread counts of the scaling sweep.
+
+    matmul_flops: {precision: FLOP/s} from a short probe of each precision; None assumes the
+      fp32 rate of `machine` for every precision (fp64 at 1/32 of it on a GPU, as on a T4).
+    llc_bytes: the host's last-level cache (None: 32 MiB). Bandwidth buffers and the largest
+      working set of the cache curves are at least 4 times it, so that they measure DRAM.
+    gpu_l2_bytes: the GPU's L2 cache; its bandwidth buffer is at least 4 times that too."""
+    kind = 'cuda' if machine.on_gpu else 'cpu'
+    names, skipped = precisions_04(machine)
+    rates = {p: machine.flops / (32 if machine.on_gpu and p == 'float64' else 1) for p in names}
+    rates.update({p: r for p, r in (matmul_flops or {}).items() if p in rates})
+    if min(rates.values()) <= 0:
+        raise ValueError(f'matmul_flops must be positive, got {matmul_flops}')
+    call_s, calls = MATMUL_CALL_S_04[kind], 1 + repeats
+    largest = MATMUL_BOOK_04[kind]
+    product_s = lambda n, rate: 2 * n**3 / rate
+    sizes = {p: largest_fitting([n for n in MATMUL_SIZES_04 if n <= largest],
+                                lambda n, r=rate: product_s(n, r), call_s)
+             for p, rate in rates.items()}
+    # the thread sweep runs fp32 on the host CPU, from one core (its rate: 1/cores of all)
+    one_core = machine.host_flops / machine.host_cores
+    sweep_n = largest_fitting([n for n in MATMUL_SIZES_04 if n <= MATMUL_BOOK_04['cpu']],
+                              lambda n: product_s(n, one_core), MATMUL_CALL_S_04['cpu'])
+    threads = sorted({2**k for k in range(8) if 2**k < machine.host_cores} | {machine.host_cores})
+    llc = llc_bytes or 32 * 2**20
+    pow2_mib = lambda b: 2 ** math.ceil(math.log2(max(b, 2**20) / 2**20))
+    working_set_mb = pow2_mib(4 * llc)
+    bandwidth_mb = max(pow2_mib(4 * llc), 64)
+    if machine.on_gpu:
+        bandwidth_mb = max(bandwidth_mb, pow2_mib(4 * (gpu_l2_bytes or 50 * 2**20)), 1024)
+
+    bw, ws = bandwidth_mb * 2**20, working_set_mb * 2**20
+    host_gbs = 10e9        # a slow host's DRAM; filling buffers with random numbers: 1 GB/s
+    matmul = sum(calls * product_s(n, rates[p]) for p, n in sizes.items())
+    sweep = sum(calls * product_s(sweep_n, one_core * t) for t in threads)
+    memory = (bw + ws) / 1e9 + (30 * bw + 40 * ws) / host_gbs
+    dependent = DEPENDENT_READS_04 * 150e-9 * math.log2(ws / llc) + 0.5  # beyond the LLC
+    bus = 8 * repeats * bw / 3e9 if machine.on_gpu else 0   # pageable copies: about 3 GB/s
+    fixed = CPU_FIXED_S_04 * (1.3e11 / machine.host_flops) ** 0.5
+    seconds = matmul + sweep + memory + dependent + bus + fixed
+    element = {'float64': 8, 'float32': 4, 'tf32': 4, 'bfloat16': 2, 'float16': 2}
+    device_bytes = (max(3 * n * n * element[p] for p, n in sizes.items())
+                    + (2 * bw if machine.on_gpu else 0))
+    host_bytes = 4 * bw + 2 * ws + (bw if machine.on_gpu else 0) + 2**30  # + torch itself
+    chosen = ', '.join(f'{p} {n}' for p, n in sizes.items())
+    why = (f'Matrix products sized so that one takes at most {call_s:g} s at the rate a small '
+           f'probe measured ({chosen}); buffers and working sets of {bandwidth_mb} and '
+           f'{working_set_mb} MiB, at least 4x the {llc / 2**20:.0f} MiB last-level cache. '
+           f'matmul_size={largest} measures every precision at the size this notebook used '
+           'before it was sized to the machine.' + (f' {skipped}' if skipped else ''))
+    return Plan({'matmul_sizes': sizes, 'bandwidth_mb': bandwidth_mb,
+                 'max_working_set_mb': working_set_mb, 'thread_sweep_size': sweep_n,
+                 'thread_counts': threads}, seconds, device_bytes=device_bytes,
+                host_bytes=host_bytes, why=why)
+
+
+# ------------------------------------------------------------------------------- notebook 05
+LENET_TRAIN_FLOPS = 3 * 4.5e6   # LeNet's forward pass is 4.5 MFLOP an example; backward twice that
+LENET_PARAMS = 129_068
+CPU_LENET_EFFICIENCY = 0.25     # LeNet's small convolutions run at about a quarter of matmul's rate
+GPU_LENET_EFFICIENCY = 0.1      # tiny kernels: far from a GPU's matmul rate
+GPU_REPLICA_STEP_S = 3e-3       # launches and Python per replica per step (about 80 kernels)
+GPU_LOADER_S_PER_EXAMPLE = 1e-5  # DataLoader indexing and collating on a slow host, per example
+BOOK_05 = {'num_epochs': 10, 'num_train': 60000, 'num_test': 10000}
+
+
+def plan_05(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivalence_steps=5):
+    """Notebook 05: epochs and examples for LeNet trained by hand on k (emulated) devices.
+
+    The notebook trains once per k in device_counts for num_epochs epochs, three more single
+    epochs (a 4x smaller and a 4x larger global batch, and the larger one with a scaled learning
+    rate), and a few dozen steps for the equivalence checks. On a GPU the book's scale (10 epochs
+    of 60,000 examples) is kept where it fits the budget; on a CPU two epochs of the largest
+    subset that fits are chosen, because that subset is what CI runs."""
+    per_example = LENET_TRAIN_FLOPS / (machine.flops * (
+        GPU_LENET_EFFICIENCY if machine.on_gpu else CPU_LENET_EFFICIENCY))
+
+    def step_s(batch, k):  # one synchronous step of `batch` examples over k replicas
+        if not machine.on_gpu:
+            return batch * per_example * (1 + 0.1 * (k - 1))  # emulated: k small passes
+        return (batch * (per_example + GPU_LOADER_S_PER_EXAMPLE)
+                + k * GPU_REPLICA_STEP_S * (1 + batch / 4096))
+
+    def seconds(sizes):
+        epochs, n, n_test = sizes['num_epochs'], sizes['num_train'], sizes['num_test']
+        train = sum(epochs * (n // batch_size) * step_s(batch_size, k) for k in device_counts)
+        larger = [(max(1, batch_size // 4), 1), (4 * batch_size, 1), (4 * batch_size, 1)]
+        train += sum((n // b) * step_s(b, k) for b, k in larger)
+        # float64 (about 3x), float32 and TF32 checks, even and uneven, and exercise 2, each
+        # of two runs on a batch of about 64
+        equivalence = (2 * (3 + 1 + 1) * equivalence_steps + 3 * 3) * 2 * step_s(64, num_gpus)
+        evaluations = (epochs * len(device_counts) + 5) * n_test * per_example / 3
+        return train + equivalence + evaluations
+
+    if machine.on_gpu:
+        candidates = [BOOK_05, {**BOOK_05, 'num_epochs': 5}, {**BOOK_05, 'num_epochs': 2},
+                      {'num_epochs': 2, 'num_train': 20000, 'num_test': 5000}]
+        limit = budget('05', machine) * 0.5  # the rest: pipeline processes, timings, start-up
+    else:
+        candidates = [{'num_epochs': 2, 'num_train': n, 'num_test': 1000}
+                      for n in (60000, 30000, 20000, 16000, 12000, 10000, 8000, 6000, 5000,
+                                4000, 3000, 2000)]
+        # the rest of the 90 s: kernel start, two worker processes, the timing sections, and
+        # headroom for a machine that is busy with other work
+        limit = budget('05', machine) * 0.27
+    chosen = largest_fitting(candidates, seconds, limit)
+    book = chosen == BOOK_05
+    images = chosen['num_train'] + chosen['num_test']
+    activations = 4 * batch_size * 4 * (20 * 26 * 26 + 50 * 9 * 9) * 3  # largest batch, fwd+bwd
+    fits = seconds(chosen) <= limit
+    why = ('The book\'s scale (10 epochs of all 60,000 examples) fits the budget here.' if book
+           else (f'{chosen["num_epochs"]} epoch(s) of {chosen["num_train"]:,} examples fit '
+                 f'{limit:.0f} s of training here' if fits else
+                 f'Even the smallest choice, {chosen["num_epochs"]} epoch(s) of '
+                 f'{chosen["num_train"]:,} examples, needs more than the {limit:.0f} s planned '
+                 'for training: this machine is slow or busy, and the notebook will take longer')
+           + '; num_epochs=10, num_train=60000, num_test=10000 run the book\'s scale.')
+    return Plan(dict(chosen), seconds(chosen),
+                device_bytes=activations + 4 * LENET_PARAMS * 4 * max(device_counts),
+                host_bytes=images * 28 * 28 * 5, why=why)
 
 
 # ------------------------------------------------------------------------------- notebook 06
@@ -793,3 +706,90 @@ def plan_07(machine, max_processes=4, cluster=False, num_workers=2, demo_servers
               'gradient_mb': gradient}  # without a cluster, in-process emulation at that rate
     return Plan(values, seconds, host_bytes=max_processes * (6 * mb * 2**20 + 400 * 2**20),
                 why=why)
+
+
+# ------------------------------------------------------------------------------- notebook 08
+ZERO_STRATEGIES = 4             # ddp, zero1, zero2, fsdp: each trained in every run
+ZERO_STEPS = 8                  # 2 warm-up, 5 timed and 1 counted step per strategy and run
+ZERO_BATCH_PER_RANK = 32
+# One process's training step on a CPU, per parameter, in matmul-FLOP equivalents: forward and
+# backward are 6 x 32 = 192 FLOPs; Adam, the shard copies and loopback communication through
+# gloo cost far more than that. Fitted to runs on a 2-core machine (4 strategies, k = 1, 2, 4,
+# 0.16 to 2.2 M parameters).
+ZERO_CPU_STEP_FLOPS_PER_PARAM = 5000
+ZERO_GPU_STEP_S = 5e-3          # launches, Python and collective latency per strategy-step
+ZERO_GPU_HIDDEN = 4096          # about 34 M parameters: 0.5 GB per rank under DDP
+ZERO_INIT_S_PER_PARAM = 2e-8    # random initialisation of a parameter on the host
+
+
+def zero_parameters(hidden, in_features=100, num_hidden=2, classes=10):
+    """Parameters of notebook 08's MLP (zero.make_model): in -> hidden x (num_hidden+1) -> out."""
+    widths = [in_features] + [hidden] * (num_hidden + 1) + [classes]
+    return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+
+
+def zero_run_overhead_s(k, cores):
+    """A run's cost besides its training steps: k processes that import torch and FSDP and
+    build the models, on `cores` cores (measured on 2 cores with a small model: 5.3, 7.3 and
+    15.8 s for k = 1, 2 and 4)."""
+    return 2.5 + 6.0 * k / cores
+
+
+def plan_08(machine, max_processes=4, device_counts=None):
+    """Notebook 08: the MLP's hidden width, and where the k processes run.
+
+    With a GPU for every process they run on GPUs with nccl, at a width (ZERO_GPU_HIDDEN) whose
+    parameters and Adam state dwarf everything else. Otherwise they are CPU processes over gloo
+    on the host (also on a GPU machine with fewer GPUs than processes, so that every k runs the
+    same way), and the width is the largest whose runs fit the CPU budget: the notebook trains
+    the four strategies on every k, plus a crash run and a 2-process run for the exercises.
+    cpu_hidden is the width for runs that go to CPU processes while the main runs use GPUs (the
+    2-process runs on a machine with one GPU)."""
+    counts = sorted(set(device_counts or [2**i for i in range(8) if 2**i < max_processes]
+                        + [max_processes]))
+    on_gpus = machine.on_gpu and machine.gpus >= max(counts)
+    main_runs = [(k, ZERO_STRATEGIES) for k in counts]
+    small_runs = [(2, 5), (2, 0)]  # the exercises' run and the crash
+    cores = machine.host_cores
+
+    def cpu_seconds(hidden, runs):
+        psi = zero_parameters(hidden)
+        work = sum(n * ZERO_STEPS * k * psi * ZERO_CPU_STEP_FLOPS_PER_PARAM / machine.host_flops
+                   for k, n in runs)
+        return sum(zero_run_overhead_s(k, cores) for k, _ in runs) + work
+
+    def cpu_width(runs, limit):
+        return largest_fitting([2048, 1536, 1024, 768, 512, 384, 256],
+                               lambda h: 5 + cpu_seconds(h, runs), limit)
+
+    limit = budget('08', machine) * 0.7  # headroom for a machine busy with other work
+    if on_gpus:
+        psi = zero_parameters(ZERO_GPU_HIDDEN)
+        step = 6 * psi * ZERO_BATCH_PER_RANK / machine.flops + ZERO_GPU_STEP_S
+        init = ZERO_INIT_S_PER_PARAM * psi  # each strategy builds the model on the host
+        runs = main_runs + (small_runs if machine.gpus >= 2 else [])
+        seconds = 5 + sum(zero_run_overhead_s(k, cores)
+                          + n * (init * max(1, k / cores) + ZERO_STEPS * step) for k, n in runs)
+        cpu_hidden = ZERO_GPU_HIDDEN
+        if machine.gpus < 2:  # the 2-process runs go to CPU processes, at a CPU's width
+            cpu_hidden = cpu_width(small_runs, limit - seconds)
+            seconds += cpu_seconds(cpu_hidden, small_runs)
+        # DDP's 16 bytes a parameter, twice over for transient copies, on each GPU
+        return Plan({'hidden': ZERO_GPU_HIDDEN, 'backend': 'nccl', 'cpu_hidden': cpu_hidden},
+                    seconds, device_bytes=2 * 16 * psi, host_bytes=max(counts) * 16 * psi,
+                    why=f'{max(counts)} GPU(s) for {max(counts)} process(es): nccl, about '
+                        f'{psi / 1e6:.0f} M parameters.' + (
+                            f' The 2-process runs go to CPU processes at hidden={cpu_hidden}.'
+                            if machine.gpus < 2 else ''))
+    hidden = cpu_width(main_runs + small_runs, limit)
+    seconds = 5 + cpu_seconds(hidden, main_runs + small_runs)
+    psi = zero_parameters(hidden)
+    over = (f' Even the narrowest takes about {seconds:.0f} s: starting {max(counts)} '
+            'processes dominates.' if seconds > limit else '')
+    where = (f'{machine.gpus} GPU(s) for {max(counts)} processes: CPU processes over gloo on the '
+             f'host, so that every k runs the same way. ' if machine.on_gpu else '')
+    return Plan({'hidden': hidden, 'backend': 'gloo', 'cpu_hidden': hidden}, seconds,
+                host_bytes=max(counts) * (2 * 16 * psi + 400 * 2**20),  # + torch per process
+                why=f'{where}hidden={hidden} ({psi / 1e6:.2f} M parameters) is the widest MLP '
+                    f'whose runs fit {limit:.0f} s on {cores} cores; hidden={ZERO_GPU_HIDDEN} '
+                    f'is the size GPUs run.{over}')

@@ -1,0 +1,84 @@
+"""Counting what collectives send: by the bandwidth-optimal (ring) accounting the ZeRO and
+Megatron papers use, and on the wire.
+
+`CollectiveCounter` is a dispatch mode: while it is active, every torch.distributed operation
+this process calls passes through it (DDP's gradient all-reduce, FSDP's gathers, DTensor's
+collectives alike), and it adds up the calls and the bytes a ring would send for each
+(RING_BYTES). `tcp_bytes_sent` reads what the process really put on its TCP sockets, which is
+what gloo uses. Notebooks 08 and 09 count with both.
+"""
+import contextlib
+import os
+import socket
+import struct
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def _nbytes(tensors):
+    tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+# Bytes one rank sends when a collective runs as a ring (bandwidth-optimal) on k ranks, from
+# the arguments of the c10d operator: the accounting of the ZeRO paper, per rank.
+RING_BYTES = {
+    'c10d.allreduce_': lambda args, k: 2 * (k - 1) / k * _nbytes(args[0]),
+    'c10d._allgather_base_': lambda args, k: (k - 1) * _nbytes(args[1]),
+    'c10d.allgather_': lambda args, k: (k - 1) * _nbytes(args[1]),
+    'c10d._reduce_scatter_base_': lambda args, k: (k - 1) * _nbytes(args[0]),
+    'c10d.reduce_scatter_': lambda args, k: (k - 1) * _nbytes(args[0]),
+    # a pipelined broadcast: the k-1 receivers get S bytes, (k-1) S sent in all, shared
+    'c10d.broadcast_': lambda args, k: (k - 1) / k * _nbytes(args[0]),
+    'c10d.send': lambda args, k: _nbytes(args[0]),
+}
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """While active, counts the collectives this process calls and the bytes each sends
+    (RING_BYTES). Every torch.distributed operation passes the dispatcher, so this sees
+    DDP's gradient all-reduce (made through a comm hook) and FSDP's internals alike."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes, self.calls = 0.0, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)  # for example 'c10d.allreduce_'
+        if func.namespace == 'c10d' and name != 'c10d.recv_':
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if name in RING_BYTES:
+                self.bytes += RING_BYTES[name](args, dist.get_world_size())
+        return func(*args, **(kwargs or {}))
+
+
+def tcp_bytes_sent():
+    """Bytes this process has sent over all its TCP sockets, each byte once (Linux, kernel
+    4.19+: TCP_INFO's tcpi_bytes_sent less tcpi_bytes_retrans, the bytes a busy machine made
+    it send again), or None where that cannot be read. gloo talks over TCP, so the difference
+    across a training step is what the step put on the wire."""
+    total = 0
+    try:
+        fds = os.listdir('/proc/self/fd')
+    except OSError:
+        return None
+    if not hasattr(socket, 'TCP_INFO'):
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError, ValueError):
+            if not os.readlink(f'/proc/self/fd/{fd}').startswith('socket:'):
+                continue
+            sock = socket.socket(fileno=int(fd))  # wraps our own descriptor; detached below
+            try:
+                if sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET,
+                                                                       socket.AF_INET6):
+                    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                    if len(info) < 216:
+                        return None
+                    sent, resent = struct.unpack_from('QQ', info, 200)  # bytes_sent, _retrans
+                    total += sent - resent
+            finally:
+                sock.detach()
+    return total
