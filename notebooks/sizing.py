@@ -42,7 +42,9 @@ class Machine:
     host_memory: int           # host RAM, bytes
     host_cores: int
     gpus: int = 0
-    compute_capability: tuple = ()  # (major, minor) of the GPU; () on a CPU
+    compute_capability: tuple = ()  # (major, minor) of the slowest GPU; () on a CPU
+    gpu_flops: tuple = ()           # each GPU's rate; `flops` is the slowest, which paces a
+                                    # synchronous step on several (an H100 beside a T4)
 
     @property
     def on_gpu(self):
@@ -71,6 +73,16 @@ DESCRIBED = {
 }
 
 
+def sustained_flops(gpu_name):
+    """The sustained fp32 rate DESCRIBED gives for a GPU of that name (inf if none): a probe
+    of a fraction of a second may still catch a boost clock the card cannot hold."""
+    for machine in DESCRIBED.values():
+        model = machine.name.split(' (')[0].replace('NVIDIA ', '').replace('Tesla ', '')
+        if machine.on_gpu and model and model in gpu_name:
+            return machine.flops
+    return math.inf
+
+
 def _host_memory():
     """Physical RAM, or the container's limit when that is lower."""
     total = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
@@ -83,11 +95,18 @@ def _host_memory():
     return total
 
 
-def _matmul_flops(device, n, seconds, windows=5):
+def _matmul_flops(device, n, seconds, windows=5, warmup_s=0.0):
     """fp32 n x n matrix products per second on `device`, times 2 n^3: the best of several
-    short windows, so that a moment of other work on the machine does not size the notebook."""
+    short windows, so that a moment of other work on the machine does not size the notebook.
+    warmup_s of products first: a GPU starts at its boost clock and slows to the clock it can
+    sustain within its power limit (a T4 within about a second)."""
     a = torch.randn(n, n, device=device)
     a @ a  # warm-up: library initialisation, caches, clocks
+    tik = time.perf_counter()
+    while time.perf_counter() - tik < warmup_s:
+        a @ a
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)
     best = 0.0
     for _ in range(windows):
         if device.type == 'cuda':
@@ -130,7 +149,8 @@ class _no_tf32:
 
 @functools.lru_cache(maxsize=None)
 def probe(seconds=0.15):
-    """Measure this machine (about 2.5 x `seconds`): the Machine every plan here takes."""
+    """Measure this machine (about 2.5 x `seconds`, plus about 0.65 s a GPU): the Machine every
+    plan here takes. With several GPUs it is planned as k of the slowest."""
     host_flops = _matmul_flops(torch.device('cpu'), 512, seconds)
     with _threads(1):  # intra-op threads that wait for a core another program holds can run
         single = _matmul_flops(torch.device('cpu'), 512, seconds / 2)  # slower than one
@@ -138,12 +158,17 @@ def probe(seconds=0.15):
     host = dict(host_flops=host_flops, host_memory=_host_memory(),
                 host_cores=os.cpu_count() or 1)
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        rates = []
         with _no_tf32():
-            flops = _matmul_flops(torch.device('cuda:0'), 4096, seconds)
-        return Machine(props.name, 'cuda', flops=flops, memory=props.total_memory,
-                       gpus=torch.cuda.device_count(),
-                       compute_capability=(props.major, props.minor), **host)
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                rate = _matmul_flops(torch.device(f'cuda:{i}'), 4096, seconds, warmup_s=0.5)
+                rates.append((min(rate, sustained_flops(props.name)), props))
+        flops, props = min(rates, key=lambda r: r[0])
+        return Machine(props.name, 'cuda', flops=flops,
+                       memory=min(p.total_memory for _, p in rates), gpus=len(rates),
+                       compute_capability=(props.major, props.minor),
+                       gpu_flops=tuple(r for r, _ in rates), **host)
     return Machine(f'CPU ({os.cpu_count()} cores)', 'cpu', flops=host_flops,
                    memory=host['host_memory'], **host)
 
