@@ -339,7 +339,11 @@ class LoadMeter:
     """`with LoadMeter() as load: ...` then load.others: the share of the machine's CPU time
     (all logical cores over the block's wall time) that other programs took, and load.steal:
     the share the hypervisor gave to other virtual machines. Our own process and its workers
-    are not counted. Both are None where /proc is missing (not Linux)."""
+    are not counted. /proc/stat counts in ticks of 10 ms, so a block shorter than
+    MIN_TICKS ticks of all cores' time (0.5 s on 2 cores) is too short to meter. Both are None
+    where /proc is missing (not Linux) or the block was too short."""
+
+    MIN_TICKS = 100
 
     def __enter__(self):
         self.others = self.steal = None
@@ -357,12 +361,13 @@ class LoadMeter:
             (busy1, steal1), own1 = _machine_ticks(), _own_ticks()
             capacity = (time.perf_counter() - tik) * os.sysconf('SC_CLK_TCK') * (
                 os.cpu_count() or 1)
-            self.others = max(0.0, (busy1 - busy0) - (own1 - own0)) / capacity
-            self.steal = (steal1 - steal0) / capacity
+            if capacity >= self.MIN_TICKS:
+                self.others = min(1.0, max(0.0, (busy1 - busy0) - (own1 - own0)) / capacity)
+                self.steal = min(1.0, (steal1 - steal0) / capacity)
 
     def __str__(self):
         if self.others is None:
-            return 'other programs\' load: unknown here (no /proc)'
+            return 'other programs\' load: not metered (no /proc, or a block under 0.5 s)'
         return (f'other programs took {self.others:.0%} of the CPU'
                 + (f', other virtual machines {self.steal:.0%}' if self.steal else ''))
 

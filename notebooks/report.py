@@ -59,3 +59,24 @@ def _show(text):
         display(Markdown(text))
     else:
         print(text)
+
+
+def bars(groups, ylabel, title=None, log=False, reference=None, figsize=(6, 3)):
+    """A grouped bar chart of this run's numbers: groups maps a group label (x axis) to
+    {series label: value}; each series gets a colour and a legend entry, each bar its value.
+    reference: draw a horizontal line there (1 for "as fast as the baseline"). Returns the
+    figure; save it with helpers.save_fig."""
+    import matplotlib.pyplot as plt
+    series = list(dict.fromkeys(s for values in groups.values() for s in values))
+    fig, ax = plt.subplots(figsize=figsize)
+    width = 0.8 / len(series)
+    for j, name in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        heights = [values.get(name, float('nan')) for values in groups.values()]
+        ax.bar_label(ax.bar(xs, heights, width, label=name), fmt='%.3g', fontsize=7)
+    if reference is not None:
+        ax.axhline(reference, color='k', lw=0.8)
+    ax.set_xticks(range(len(groups)), list(groups))
+    ax.set(ylabel=ylabel, yscale='log' if log else 'linear', title=title)
+    ax.legend(fontsize=8)
+    return fig

@@ -148,12 +148,17 @@ class Comparison:
                                             noise=NOISE['spread' if self.overlap else 'floor'])
         outcome = ('ratio' if self.unit != 's' else
                    'faster' if self.a_median < self.b_median else 'slower')
-        return TEMPLATES[outcome].format(
+        return _sentence(TEMPLATES[outcome].format(
             a=self.a, b=self.b, x=x, y=y, factor=self.factor, ratio=1 / self.ratio,
-            evidence=EVIDENCE['repeats' if self.repeated else 'single'])
+            evidence=EVIDENCE['repeats' if self.repeated else 'single']))
 
     def __str__(self):
         return self.verdict
+
+
+def _sentence(text):
+    """A verdict starts with a capital, whatever name it starts with."""
+    return text[:1].upper() + text[1:]
 
 
 def compare(a, b, a_name=None, b_name=None, lower_is_better=True, unit='s'):
@@ -211,3 +216,20 @@ def against_model(what, measured, model, tolerance=NOISE_FLOOR, unit=''):
     if model == 0:
         raise ValueError(f'the model predicts 0 for {what}: nothing to compare against')
     return AgainstModel(what, float(median(samples(measured))), float(model), tolerance, unit)
+
+
+def fit_line_robust(x, y):
+    """(intercept, slope) of y = intercept + slope * x by Theil and Sen: the slope is the
+    median of the slopes between every pair of points with distinct x, the intercept the
+    median of y - slope * x. A few points disturbed by other work cannot tilt it as they
+    tilt least squares (fit_line)."""
+    n = len(x)
+    if n < 2 or n != len(y):
+        raise ValueError(f'fit_line_robust needs two or more (x, y) pairs, got {len(x)} and '
+                         f'{len(y)}')
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(n) for j in range(i + 1, n)
+              if x[j] != x[i]]
+    if not slopes:
+        raise ValueError('fit_line_robust needs at least two distinct x values')
+    slope = median(slopes)
+    return median([b - slope * a for a, b in zip(x, y)]), slope

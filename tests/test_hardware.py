@@ -117,9 +117,10 @@ def test_load_meter_counts_other_programs_but_not_our_own_workers():
         subprocess.run(['sh', '-c', f'{sys.executable} -c "{BUSY.format(s=1.0)}" &'],
                        check=True)
         time.sleep(1.2)
-    cores = hardware.cpu_info().logical_cores
-    assert ours.others < 0.5 / cores + 0.15, ours.others
-    assert theirs.others > 0.6 / cores, theirs.others
+    # one busy process is about 1/cores of the machine: counted only when it is not ours
+    # (compared with each other, so that other work on a busy machine cancels out)
+    assert theirs.others > ours.others + 0.3 / hardware.cpu_info().logical_cores, (
+        theirs.others, ours.others)
     assert 'other programs took' in str(theirs)
 
 
@@ -133,3 +134,9 @@ def test_diagnose_is_kept_per_boot_and_measured_again_when_asked(tmp_path):
         assert hardware.diagnose(path=path) == first
     again = hardware.diagnose(fresh=True, path=path)
     assert again['measured_at'] >= first['measured_at']
+
+
+def test_load_meter_refuses_to_meter_a_block_shorter_than_its_ticks():
+    with hardware.LoadMeter() as load:
+        sum(range(1000))
+    assert load.others is None and 'not metered' in str(load)

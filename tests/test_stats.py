@@ -36,10 +36,10 @@ def test_a_clear_difference_names_the_faster_side_and_its_factor():
     fast, slow = [1.0, 1.1, 1.05], [2.0, 2.2, 2.1]
     c = stats.compare(fast, slow, 'ring', 'naive')
     assert c.differs and c.a_is_better and c.factor == pytest.approx(2.1 / 1.05)
-    assert c.verdict == ('ring was 2.00x faster than naive (1.05 s against 2.1 s; the repeats '
+    assert c.verdict == ('Ring was 2.00x faster than naive (1.05 s against 2.1 s; the repeats '
                          'do not overlap).')
     assert stats.compare(slow, fast, 'naive', 'ring').verdict.startswith(
-        'naive was 2.00x slower than ring')
+        'Naive was 2.00x slower than ring')
 
 
 def test_single_measurements_fall_back_to_the_five_percent_rule():
@@ -104,4 +104,29 @@ def test_tables_render_rows_with_units_and_refuse_nothing(capsys):
 
 def test_say_prints_one_verdict(capsys):
     report.say(stats.compare([1.0], [3.0], 'a', 'b'))
-    assert capsys.readouterr().out.startswith('a was 3.00x faster than b')
+    assert capsys.readouterr().out.startswith('A was 3.00x faster than b')
+
+
+def test_bars_draws_one_bar_per_group_and_series_with_a_legend():
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig = report.bars({'MLP': {'eager': 1.0, 'compiled': 0.5}, 'chain': {'eager': 1.0}},
+                      'speedup', reference=1, log=True)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 4 and [t.get_text() for t in ax.get_legend().get_texts()] == [
+        'eager', 'compiled']
+    assert [t.get_text() for t in ax.get_xticklabels()] == ['MLP', 'chain']
+    plt.close(fig)
+
+
+def test_fit_line_robust_ignores_an_outlier_that_tilts_least_squares():
+    x, y = [1, 2, 4, 8, 16], [3.0, 5.0, 9.0, 17.0, 33.0]       # y = 1 + 2x exactly
+    assert stats.fit_line_robust(x, y) == pytest.approx((1.0, 2.0))
+    disturbed = y[:-1] + [60.0]                                  # one slow timing
+    assert stats.fit_line_robust(x, disturbed)[1] == pytest.approx(2.0)
+    assert stats.fit_line(x, disturbed)[1] > 3.0
+    with pytest.raises(ValueError, match='distinct'):
+        stats.fit_line_robust([2, 2], [1.0, 3.0])
+    with pytest.raises(ValueError, match='two or more'):
+        stats.fit_line_robust([1], [1.0])
