@@ -33,13 +33,46 @@ RING_BYTES = {
     # a pipelined broadcast: the k-1 receivers get S bytes, (k-1) S sent in all, shared
     'c10d.broadcast_': lambda args, k: (k - 1) / k * _nbytes(args[0]),
     'c10d.send': lambda args, k: _nbytes(args[0]),
+    # The functional collectives that DTensor, parallelize_module and torch.compile issue
+    # (namespace _c10d_functional): each returns a new tensor instead of filling one in.
+    '_c10d_functional.all_reduce': lambda args, k: 2 * (k - 1) / k * _nbytes(args[0]),
+    '_c10d_functional.all_reduce_coalesced': lambda args, k: 2 * (k - 1) / k * _nbytes(args[0]),
+    '_c10d_functional.all_gather_into_tensor': lambda args, k: (k - 1) * _nbytes(args[0]),
+    '_c10d_functional.all_gather_into_tensor_coalesced':
+        lambda args, k: (k - 1) * _nbytes(args[0]),
+    '_c10d_functional.reduce_scatter_tensor': lambda args, k: (k - 1) / k * _nbytes(args[0]),
+    '_c10d_functional.reduce_scatter_tensor_coalesced':
+        lambda args, k: (k - 1) / k * _nbytes(args[0]),
+    '_c10d_functional.broadcast': lambda args, k: (k - 1) / k * _nbytes(args[0]),
+    # every rank keeps its own chunk and sends the others (even splits)
+    '_c10d_functional.all_to_all_single': lambda args, k: (k - 1) / k * _nbytes(args[0]),
 }
+# Operators of those namespaces that move nothing: receiving (the sender counts the bytes),
+# waiting for a functional collective to finish, and wrapping its result for autograd.
+NOT_COUNTED = {'c10d.recv_', '_c10d_functional.wait_tensor',
+               '_c10d_functional._wrap_tensor_autograd'}
+
+
+def group_size(name, args):
+    """k, the ranks of the group a collective runs on: a c10d operator carries its process
+    group (boxed), a functional one names it in its last argument. The world's size where the
+    group cannot be read."""
+    with contextlib.suppress(Exception):
+        if name.startswith('_c10d_functional.'):
+            from torch.distributed.distributed_c10d import _resolve_process_group
+            return _resolve_process_group(args[-1]).size()
+        for a in args:
+            if isinstance(a, torch.ScriptObject):
+                return dist.ProcessGroup.unbox(a).size()
+    return dist.get_world_size()
 
 
 class CollectiveCounter(TorchDispatchMode):
     """While active, counts the collectives this process calls and the bytes each sends
     (RING_BYTES). Every torch.distributed operation passes the dispatcher, so this sees
-    DDP's gradient all-reduce (made through a comm hook) and FSDP's internals alike."""
+    DDP's gradient all-reduce (made through a comm hook), FSDP's internals and the functional
+    collectives of DTensor alike. k is the size of the group each collective runs on (a
+    2-D mesh runs FSDP's collectives on one of its dimensions, not the whole world)."""
 
     def __init__(self):
         super().__init__()
@@ -47,10 +80,10 @@ class CollectiveCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)  # for example 'c10d.allreduce_'
-        if func.namespace == 'c10d' and name != 'c10d.recv_':
+        if func.namespace in ('c10d', '_c10d_functional') and name not in NOT_COUNTED:
             self.calls[name] = self.calls.get(name, 0) + 1
             if name in RING_BYTES:
-                self.bytes += RING_BYTES[name](args, dist.get_world_size())
+                self.bytes += RING_BYTES[name](args, group_size(name, args))
         return func(*args, **(kwargs or {}))
 
 

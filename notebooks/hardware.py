@@ -434,3 +434,51 @@ def summary(diagnosis=None):
             + (f'{per_cycle} fp32 FLOP per cycle and core), ' if per_cycle else
                'FLOP per cycle unknown), ')
             + d['cores_sentence'])
+
+
+# ------------------------------------------------------- GPUs, from their data sheets
+# Dense peak TFLOP/s from NVIDIA's data sheets, per precision (None where the sheet gives
+# none), and memory GB/s. The fp64 figure is the fastest fp64 path the sheet states: on
+# A100, H100 and H200 that is the fp64 tensor cores, whose rate happens to equal the fp32
+# one, so equal roofs there do not mean a missing instruction.
+# Keys are whole model names as CUDA reports them, less the vendor prefix: 'L4' must not
+# match an L40S, nor 'H100 80GB HBM3' (SXM) an H100 NVL. (Added for notebook 04.)
+GPU_PRECISIONS = ('float64', 'float32', 'tf32', 'bfloat16', 'float16')
+GPU_SPECS = {
+    'T4': ((None, 8.1, None, None, 65), 320),
+    'L4': ((None, 30.3, 60, 121, 121), 300),
+    'L40S': ((None, 91.6, 183, 362, 362), 864),
+    'V100-SXM2-16GB': ((7.8, 15.7, None, None, 125), 900),
+    'V100-SXM2-32GB': ((7.8, 15.7, None, None, 125), 900),
+    'V100-PCIE-16GB': ((7, 14, None, None, 112), 900),
+    'V100-PCIE-32GB': ((7, 14, None, None, 112), 900),
+    'A100-SXM4-40GB': ((19.5, 19.5, 156, 312, 312), 1555),
+    'A100-SXM4-80GB': ((19.5, 19.5, 156, 312, 312), 2039),
+    'A100-PCIE-40GB': ((19.5, 19.5, 156, 312, 312), 1555),
+    'A100 80GB PCIe': ((19.5, 19.5, 156, 312, 312), 1935),
+    'H100 80GB HBM3': ((67, 67, 494.7, 989.4, 989.4), 3350),
+    'H100 PCIe': ((51, 51, 378, 756, 756), 2000),
+    'H100 NVL': ((60, 60, 417.5, 835.5, 835.5), 3900),
+    'H200': ((67, 67, 494.7, 989.4, 989.4), 4800),
+}
+
+
+def gpu_spec(device_name):
+    """(model, (peak TFLOP/s per GPU_PRECISIONS, memory GB/s)) for a name as CUDA reports it
+    ('NVIDIA H100 NVL', 'Tesla T4'), or (None, None) for a GPU not in GPU_SPECS."""
+    model = re.sub(r'^(NVIDIA|Tesla)\s+', '', device_name.strip())
+    return (model, GPU_SPECS[model]) if model in GPU_SPECS else (None, None)
+
+
+def gpu_peak_flops(device_name, precision):
+    """The data sheet's dense peak FLOP/s of that GPU in `precision`, or None (not stated, or
+    a GPU not in GPU_SPECS)."""
+    _, spec = gpu_spec(device_name)
+    tflops = spec and spec[0][GPU_PRECISIONS.index(precision)]
+    return tflops * 1e12 if tflops else None
+
+
+def gpu_memory_gbs(device_name):
+    """The data sheet's memory bandwidth of that GPU in GB/s, or None."""
+    _, spec = gpu_spec(device_name)
+    return spec[1] if spec else None

@@ -285,15 +285,6 @@ def format_seconds(s):
     return stats.format_value(s, 's')
 
 
-def faster_or_slower(ratio, than):
-    """Words for a ratio of two times (the other's / this one's): '1.52x faster than <than>',
-    '1.52x slower than <than>', or 'as fast as <than> (within 5%)'."""
-    if abs(ratio - 1) < 0.05:
-        return f'as fast as {than} (within 5%)'
-    return (f'{ratio:.2f}x faster than {than}' if ratio > 1 else
-            f'{1 / ratio:.2f}x slower than {than}')
-
-
 def measure(fn, device=None, warmup=2, repeats=10, number=None, label=None, min_time=0.01):
     """Time fn(): warm up, synchronise, repeat, and report seconds per call (median of repeats).
 
@@ -405,8 +396,12 @@ def peak_memory(device=None):
 
 
 # ------------------------------------------------------------------- plotting
-def _in_notebook():
-    return 'ipykernel' in sys.modules
+def in_notebook():
+    """Whether this code runs inside a Jupyter kernel (not merely beside an imported ipykernel,
+    as in a test process that has started kernels of its own)."""
+    ipython = sys.modules.get('IPython')
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, 'kernel', None) is not None
 
 
 def plot(X, Y=None, xlabel=None, ylabel=None, legend=(), xlim=None, ylim=None,
@@ -468,7 +463,7 @@ class Animator:
                 self.Y[i].append(b)
         self.axes[0].cla()
         plot(self.X, self.Y, **self.config)
-        if _in_notebook():
+        if in_notebook():
             from IPython import display
             if self.handle is None:
                 self.handle = display.display(self.fig, display_id=True)
@@ -589,7 +584,7 @@ def _synthetic_cached():
     key = hashlib.sha256(inspect.getsource(synthetic_fashion_mnist).encode()).hexdigest()[:12]
     path = DATA_DIR.parent / f'synthetic-fashion-mnist-{key}.pt'
     try:
-        return tuple(torch.load(path))
+        return tuple(torch.load(path, weights_only=True))  # tensors only: no pickled code
     except Exception:  # missing or damaged: draw it again
         pass
     data = synthetic_fashion_mnist()
@@ -802,3 +797,52 @@ def record(name, results, results_dir=None):
     os.replace(tmp, path)  # readers never see a half-written file
     print(f'recorded {len(payload["results"])} results in {path}')
     return path
+
+
+# ------------------------------------------------------------- timing in turns
+def measure_in_turns(functions, device=None, warmup=1, repeats=5, min_time=0.0):
+    """{name: Measurement} of each function in `functions` (a dict name -> fn), timed in turns:
+    every round times each function once, so that a machine that grows busier or quieter
+    during the measurement slows them all alike, and the noise rule (stats.compare) sets like
+    beside like. A timing synchronises `device` at both ends, as `measure` does, and runs its
+    function `number` times, chosen per function so that a timing lasts at least `min_time`
+    seconds (0: once). Each Measurement's times are seconds per call, one per round."""
+    check_int('warmup', warmup, minimum=0)
+    check_int('repeats', repeats)
+    if not functions:
+        raise ValueError('measure_in_turns needs at least one function to time')
+    device = torch.device(device) if device is not None else torch.device('cpu')
+
+    def timed(fn, number):
+        synchronize(device)
+        tik = time.perf_counter()
+        for _ in range(number):
+            fn()
+        synchronize(device)
+        return (time.perf_counter() - tik) / number
+
+    numbers = {}
+    for name, fn in functions.items():
+        for _ in range(warmup):
+            fn()
+        numbers[name] = max(1, math.ceil(min_time / max(timed(fn, 1), 1e-9))) if min_time else 1
+    times = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, fn in functions.items():
+            times[name].append(timed(fn, numbers[name]))
+    return {name: Measurement(name, ts, torch.get_num_threads(), str(device))
+            for name, ts in times.items()}
+
+
+def cores_busy(fn, seconds=0.1):
+    """How many cores this process kept busy, on average, while it called fn() over and over
+    for about `seconds`: its CPU time (all its threads) over the wall time. About 1 for work
+    on one thread, and for threads that take turns (Python's GIL); about k for k threads that
+    really run at once; below 1 for work that waits (a sleep, I/O, another device)."""
+    check_positive('seconds', seconds)
+    cpu, tik = time.process_time(), time.perf_counter()
+    while True:
+        fn()
+        wall = time.perf_counter() - tik
+        if wall >= seconds:
+            return (time.process_time() - cpu) / wall

@@ -107,6 +107,10 @@ def _worker_main(fn, rank, world_size, port, args, queue, placement=None):
         queue.put((rank, 'ok', pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:
         queue.put((rank, 'error', traceback.format_exc()))
+        # Into the pipe now, before this rank's sockets close (below, or at exit): the ranks
+        # that lose their connection to it report later, so the parent reads the cause first.
+        queue.close()
+        queue.join_thread()
     finally:
         import torch.distributed as dist
         if dist.is_initialized():

@@ -4,13 +4,8 @@ In a notebook both render as Markdown (a table a reader can scan, a sentence in 
 anywhere else (a test, a script, a worker) they print as plain text. Numbers are formatted by
 stats.format_value, so every notebook writes "15 us", "46%" and "1.2e+03 GB/s" the same way.
 """
-import sys
-
+from helpers import in_notebook
 from stats import format_value
-
-
-def _in_notebook():
-    return 'ipykernel' in sys.modules
 
 
 def _cell(value, unit):
@@ -54,7 +49,7 @@ def say(verdict):
 
 
 def _show(text):
-    if _in_notebook():
+    if in_notebook():
         from IPython.display import Markdown, display
         display(Markdown(text))
     else:

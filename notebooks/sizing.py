@@ -12,17 +12,29 @@ The plans take a `Machine`, so tests can plan for machines that are not there:
 `DESCRIBED['colab-t4']` and `DESCRIBED['h100']` describe the GPUs learners use, and the tests
 check every plan against their time and memory budgets on a CPU-only machine.
 """
+import contextlib
 import dataclasses
 import functools
+import io
 import math
 import os
+import shutil
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.jit
+
+import hardware
+import helpers
+import launch
 
 BUDGET_S = {'cpu': {'01': 60, '02': 60, '03': 60, '04': 60, '05': 90, '06': 90, '07': 90,
-                    '08': 90},
+                    '08': 90, '09': 90},
             'cuda': 300}
 
 
@@ -124,27 +136,17 @@ def _matmul_flops(device, n, seconds, windows=5, warmup_s=0.0):
     return best
 
 
-class _threads:
-    def __init__(self, n):
-        self.n = n
-
-    def __enter__(self):
-        self.previous = torch.get_num_threads()
-        torch.set_num_threads(self.n)
-
-    def __exit__(self, *args):
-        torch.set_num_threads(self.previous)
-
-
 class _no_tf32:
-    """Measure plain fp32: TF32 would report a tensor-core rate no fp32 layer gets."""
+    """Measure plain fp32: TF32 would report a tensor-core rate no fp32 layer gets.
+    set_float32_matmul_precision sets torch's old and new TF32 settings together (mixing
+    them raises), and reading the old `allow_tf32` flag warns on torch 2.9."""
 
     def __enter__(self):
-        self.previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
+        self.previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision('highest')
 
     def __exit__(self, *args):
-        torch.backends.cuda.matmul.allow_tf32 = self.previous
+        torch.set_float32_matmul_precision(self.previous)
 
 
 @functools.lru_cache(maxsize=None)
@@ -152,8 +154,9 @@ def probe(seconds=0.15):
     """Measure this machine (about 2.5 x `seconds`, plus about 0.65 s a GPU): the Machine every
     plan here takes. With several GPUs it is planned as k of the slowest."""
     host_flops = _matmul_flops(torch.device('cpu'), 512, seconds)
-    with _threads(1):  # intra-op threads that wait for a core another program holds can run
-        single = _matmul_flops(torch.device('cpu'), 512, seconds / 2)  # slower than one
+    # intra-op threads that wait for a core another program holds can run slower than one
+    with helpers.num_threads(1):
+        single = _matmul_flops(torch.device('cpu'), 512, seconds / 2)
     host_flops = max(host_flops, single)
     host = dict(host_flops=host_flops, host_memory=_host_memory(),
                 host_cores=os.cpu_count() or 1)
@@ -266,6 +269,32 @@ def plan_01(machine, chain_length=16, repeats=7):
                 else 0, why=why)
 
 
+def setup_01(device=None, mlp_batch_sizes=None, chain_numel=None, chain_length=16, repeats=7):
+    """Notebook 01's setup: every parameter checked (a ValueError naming it), then the device
+    and the sizes chosen for this machine (plan_01)."""
+    dev = helpers.check_device('device', device)
+    if mlp_batch_sizes is not None:
+        mlp_batch_sizes = sorted(set(helpers.check_list('mlp_batch_sizes', mlp_batch_sizes,
+                                                        helpers.check_int)))
+        if not mlp_batch_sizes:
+            raise ValueError('mlp_batch_sizes is empty: give at least one batch size, e.g. '
+                             '[1, 256]')
+    helpers.check_int('chain_numel', chain_numel, allow_none=True)
+    helpers.check_int('chain_length', chain_length)
+    helpers.check_int('repeats', repeats)
+    machine = on_device(probe(), dev)
+    plan = plan_01(machine, chain_length, repeats)
+    env = helpers.environment()
+    sized = mlp_batch_sizes is None or chain_numel is None
+    why = [f'Device: {dev} ({env["device"]}); torch {env["torch"]}; '
+           f'{env["num_threads"]} CPU threads.',
+           f'Measured: {machine}.',
+           str(plan) if sized else 'Every size was given as a parameter.']
+    return Setup(why, device=dev, env=env, machine=machine, chain_length=chain_length,
+                 repeats=repeats, mlp_batch_sizes=mlp_batch_sizes or plan['mlp_batch_sizes'],
+                 chain_numel=chain_numel or plan['chain_numel'])
+
+
 def plan_02(machine, matrix_size=1000, num_matmuls=10, queue_lengths=None):
     """Notebook 02: the size of the cost model's small products, and the temporaries of the
     queue experiment.
@@ -289,7 +318,8 @@ def plan_02(machine, matrix_size=1000, num_matmuls=10, queue_lengths=None):
     frontend = 4 * (loop / machine.flops + loop / host_rate) + 2 * 4 * matrix_size**2 / 1e8
     blockers = 8 * 12 * 0.01 + (8 * 3 * loop / machine.flops if machine.on_gpu else 0)
     cost_model = 2 * len(lengths) * 7 * max(0.01, 2 * sum(lengths) * per_op(small) / len(lengths))
-    queue = 4 * 8 * queue_numel * 13 * 4 / (GPU_BYTES_S if machine.on_gpu else HOST_COPY_BYTES_S)
+    # 31 rounds of both modes, 8 steps each, about 13 passes over a temporary of 4-byte floats
+    queue = 62 * 8 * queue_numel * 13 * 4 / (GPU_BYTES_S if machine.on_gpu else HOST_COPY_BYTES_S)
     exercise_2 = 2 * 3 * (num_matmuls + 1) * 2 * matrix_size**3 / machine.flops
     fixed = 6.0  # futures, the pipeline demo, the profiler: fixed work on the host CPU
     seconds = frontend + blockers + cost_model + queue + exercise_2 + fixed
@@ -301,6 +331,80 @@ def plan_02(machine, matrix_size=1000, num_matmuls=10, queue_lengths=None):
     return Plan({'small_size': small, 'queue_numel': queue_numel}, seconds,
                 device_bytes=4 * (3 * matrix_size**2 + 4 * queue_numel * 8 * 2),
                 host_bytes=4 * 3 * matrix_size**2 * 2, why=why)
+
+MECHANISMS_02_03 = ('auto', 'threads')  # how notebooks 02 and 03 run work on two threads
+
+
+def _scriptable(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def parallel_mechanism(mechanism):
+    """(use TorchScript's fork, the sentence saying how work runs on two threads) for
+    mechanism 'auto' (TorchScript's futures beside Python threads, where this PyTorch still
+    scripts without a warning Python shows by default; deprecated since 2.x, it warns with a
+    FutureWarning from 2.15) or 'threads' (Python threads only)."""
+
+    if mechanism == 'threads':
+        return False, ("Two threads: Python threads only (mechanism='threads'); TorchScript is "
+                       'not used.')
+    present = all(hasattr(torch.jit, name) for name in ('script', 'fork', 'wait'))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        scripts = present and helpers.try_script(_scriptable)[0] is not None
+    loud = [w for w in caught if not issubclass(w.category, (DeprecationWarning,
+                                                             PendingDeprecationWarning))]
+    if not scripts:
+        return False, ('Two threads: Python threads only; this PyTorch cannot script '
+                       '(mechanism=\'auto\' falls back to threads).')
+    if loud:
+        return False, ('Two threads: Python threads only; this PyTorch warns that TorchScript '
+                       f'is deprecated ({loud[0].category.__name__}), so mechanism=\'auto\' '
+                       'falls back to threads.')
+    return True, ("Two threads: Python threads, and TorchScript's futures beside them where "
+                  "this PyTorch can still script the functions (mechanism='auto'; TorchScript "
+                  "is deprecated: mechanism='threads' leaves it out).")
+
+
+def setup_02(*, device=None, matrix_size=1000, num_matmuls=10, queue_lengths=None,
+             small_size=None, queue_numel=None, prep_ms=15, num_batches=12, profile_steps=5,
+             mechanism='auto', trace_dir=None):
+    """Notebook 02's setup: every parameter checked (a ValueError naming it), then the device,
+    the sizes chosen for this machine (plan_02), and how the futures run (mechanism)."""
+
+    dev = helpers.check_device('device', device)
+    for name, value in (('matrix_size', matrix_size), ('num_matmuls', num_matmuls),
+                        ('num_batches', num_batches), ('profile_steps', profile_steps)):
+        helpers.check_int(name, value)
+    helpers.check_int('small_size', small_size, allow_none=True)
+    helpers.check_int('queue_numel', queue_numel, allow_none=True)
+    helpers.check_positive('prep_ms', prep_ms)
+    helpers.check_choice('mechanism', mechanism, MECHANISMS_02_03)
+    lengths = sorted(set(helpers.check_list(
+        'queue_lengths', [2**k for k in range(9)] if queue_lengths is None else queue_lengths,
+        helpers.check_int)))
+    if len(lengths) < 2:
+        raise ValueError(f'queue_lengths={lengths} needs at least two different loop lengths '
+                         'to fit a line, for example [1, 16, 256]')
+    machine = on_device(probe(), dev)
+    plan = plan_02(machine, matrix_size, num_matmuls, lengths)
+    env = helpers.environment()
+    use_script, how = parallel_mechanism(mechanism)
+    why = [f'Device: {dev} ({env["device"]}); torch {env["torch"]}; '
+           f'{env["num_threads"]} CPU threads.',
+           f'Measured: {machine}.',
+           str(plan) if small_size is None or queue_numel is None else
+           'Every size was given as a parameter.', how]
+    if dev.type != 'cuda':
+        why.append('No GPU in use: each CUDA experiment runs its CPU branch, which measures '
+                   'what a CPU does instead.')
+    return Setup(why, device=dev, on_cuda=dev.type == 'cuda', env=env, machine=machine,
+                 plan=plan, matrix_size=matrix_size, num_matmuls=num_matmuls,
+                 queue_lengths=lengths, small_size=small_size or plan['small_size'],
+                 queue_numel=queue_numel or plan['queue_numel'], prep_ms=prep_ms,
+                 num_batches=num_batches, profile_steps=profile_steps, mechanism=mechanism,
+                 use_script=use_script,
+                 trace_dir=Path(trace_dir) if trace_dir is not None else helpers.TRACES_DIR)
 
 
 BOOK_03_SIZE = 4000
@@ -363,6 +467,62 @@ def plan_03(machine, num_matmuls=50):
                  'copy_steps': copy_steps}, seconds, device_bytes=device_bytes,
                 host_bytes=host(copy_steps), why=why)
 
+def setup_03(*, matrix_size=None, cpu_matrix_size=None, num_matmuls=50, copy_size=None,
+             copy_steps=None, copy_inner_dim=None, mechanism='auto'):
+    """Notebook 03's setup: every parameter checked (a ValueError naming it), then the sizes
+    planned for this machine (plan_03), checked against its host and GPU memory, and the two
+    lanes independent work runs on: two GPUs, one GPU and the CPU, or two CPU threads."""
+    for name, value in (('matrix_size', matrix_size), ('cpu_matrix_size', cpu_matrix_size),
+                        ('copy_size', copy_size), ('copy_steps', copy_steps),
+                        ('copy_inner_dim', copy_inner_dim)):
+        helpers.check_int(name, value, allow_none=True)
+    helpers.check_int('num_matmuls', num_matmuls)
+    helpers.check_choice('mechanism', mechanism, MECHANISMS_02_03)
+
+    def check_inner_dim(size):
+        if copy_inner_dim is not None and copy_inner_dim > size:
+            raise ValueError(f'copy_inner_dim={copy_inner_dim} is larger than copy_size={size}: '
+                             'the inner dimension of an n x k times k x n product is at most n')
+    if copy_size is not None:
+        check_inner_dim(copy_size)
+    machine = probe()
+    plan = plan_03(machine, num_matmuls)
+    sizes = {name: given or plan[name] for name, given in (
+        ('matrix_size', matrix_size), ('cpu_matrix_size', cpu_matrix_size),
+        ('copy_size', copy_size), ('copy_steps', copy_steps))}
+    check_inner_dim(sizes['copy_size'])
+    n, steps = sizes['copy_size'], sizes['copy_steps']
+    host_bytes = 2 * steps * 4 * n**2  # host buffers, and the pinned memory the book's call makes
+    if host_bytes > 0.6 * machine.host_memory:
+        raise ValueError(f'copy_steps={steps} results of copy_size={n} need '
+                         f'{host_bytes / 1e9:.1f} GB of host memory, more than 60% of the '
+                         f'{machine.host_memory / 1e9:.1f} GB here: use fewer or smaller results')
+    if machine.on_gpu:  # a GPU lane holds two runs' results (exercise 1), and two sets of copies
+        gpu_bytes = 4 * (2 * num_matmuls * sizes['matrix_size']**2 + 2 * steps * n**2)
+        if gpu_bytes > 0.8 * machine.memory:
+            raise ValueError(f'matrix_size={sizes["matrix_size"]}, num_matmuls={num_matmuls}, '
+                             f'copy_size={n} and copy_steps={steps} need {gpu_bytes / 1e9:.1f} '
+                             f'GB on the GPU, more than 80% of its {machine.memory / 1e9:.1f} '
+                             'GB: use smaller or fewer products')
+    gpus = [d for d in helpers.try_all_gpus() if d.type == 'cuda']
+    cpu = torch.device('cpu')
+    scenario, lanes = (('two GPUs', gpus[:2]) if len(gpus) >= 2 else
+                       ('one GPU and the CPU', [gpus[0], cpu]) if gpus else
+                       ('two CPU threads', [cpu, cpu]))
+    lane_sizes = [sizes['cpu_matrix_size'] if d.type == 'cpu' and gpus else
+                  sizes['matrix_size'] for d in lanes]
+    env = helpers.environment()
+    use_script, how = parallel_mechanism(mechanism)
+    why = [f'Measured: {machine}.',
+           str(plan) if None in (matrix_size, cpu_matrix_size, copy_size, copy_steps) else
+           'Every size was given as a parameter.',
+           f'{len(gpus)} GPU(s), {env["cpu_count"]} CPU cores: independent work runs on '
+           f'{scenario} (products of n = {" and ".join(map(str, lane_sizes))}).', how]
+    return Setup(why, machine=machine, plan=plan, num_matmuls=num_matmuls,
+                 copy_inner_dim=copy_inner_dim, mechanism=mechanism, use_script=use_script,
+                 gpus=gpus, scenario=scenario, lanes=lanes, lane_sizes=lane_sizes,
+                 threads=torch.get_num_threads(), env=env, **sizes)
+
 
 # ------------------------------------------------------------------------------- notebook 04
 # Matrix products are sized per precision from a short probe of each (a small product), because
@@ -372,8 +532,12 @@ MATMUL_SIZES_04 = (8192, 6144, 4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256,
 MATMUL_CALL_S_04 = {'cpu': 0.25, 'cuda': 1.0}   # longest single product per precision
 MATMUL_BOOK_04 = {'cpu': 2048, 'cuda': 8192}    # the sizes the notebook used before it was sized
 DEPENDENT_READS_04 = 2**20                      # pointer-chasing steps per working set
-CPU_FIXED_S_04 = 14        # what no parameter sizes on a CPU: imports, vectorisation, latency
-                           # table, storage, precision demo, plots (measured on 2 cores)
+EXERCISE_MB_04 = 256       # the exercises' slice of the bandwidth buffer (strides, direction)
+CPU_FIXED_S_04 = 14        # what no parameter sizes on a CPU: imports, the machine probe,
+                           # vectorisation, latency table, storage, precision demo, the
+                           # exercises' slices, plots (measured on 2 cores: about 10 s)
+DTYPES_04 = {'float64': torch.float64, 'float32': torch.float32, 'tf32': torch.float32,
+             'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
 
 def precisions_04(machine):
@@ -444,8 +608,115 @@ def plan_04(machine, matmul_flops=None, llc_bytes=None, gpu_l2_bytes=None, repea
            'before it was sized to the machine.' + (f' {skipped}' if skipped else ''))
     return Plan({'matmul_sizes': sizes, 'bandwidth_mb': bandwidth_mb,
                  'max_working_set_mb': working_set_mb, 'thread_sweep_size': sweep_n,
-                 'thread_counts': threads}, seconds, device_bytes=device_bytes,
-                host_bytes=host_bytes, why=why)
+                 'thread_counts': threads,
+                 'exercise_mb': min(bandwidth_mb, EXERCISE_MB_04)}, seconds,
+                device_bytes=device_bytes, host_bytes=host_bytes, why=why)
+
+
+def probe_precisions_04(names, device):
+    """{precision: (n, FLOP/s)}: the fastest of three n x n products in each precision, n
+    doubled from 256 (2048 on a GPU) until one product takes 10 ms or n reaches 1024 (8192):
+    shorter products are timed poorly when other programs share the processor. 'tf32' is
+    float32 with torch.set_float32_matmul_precision('high'), which lets CUDA use TF32."""
+    on_gpu = device.type == 'cuda'
+    previous = torch.get_float32_matmul_precision()
+    probed = {}
+    try:
+        for name in names:
+            n, largest = (2048, 8192) if on_gpu else (256, 1024)
+            torch.set_float32_matmul_precision('high' if name == 'tf32' else 'highest')
+            while True:
+                a = torch.randn(n, n, device=device).to(DTYPES_04[name])
+                times = []
+                for _ in range(4):  # the first warms up
+                    if on_gpu:
+                        torch.cuda.synchronize(device)
+                    tik = time.perf_counter()
+                    a @ a
+                    if on_gpu:
+                        torch.cuda.synchronize(device)
+                    times.append(time.perf_counter() - tik)
+                best = min(times[1:])
+                if best >= 0.01 or 2 * n > largest:
+                    probed[name] = (n, 2 * n**3 / best)
+                    break
+                n *= 2
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    return probed
+
+
+def setup_04(*, matmul_size=None, bandwidth_mb=None, max_working_set_mb=None, storage_mb=64,
+             repeats=3):
+    """Notebook 04's setup: every parameter checked (a ValueError naming it, before any
+    work), then the device, a short probe of each precision's matrix products, the plan
+    (plan_04) sized from those rates and the last-level cache, and the clocks the CPU peaks
+    are computed at (the nominal clock, and the maximum where the system reports one, else
+    an assumed 1.5x nominal)."""
+
+    helpers.check_int('matmul_size', matmul_size, minimum=16, allow_none=True)
+    helpers.check_int('bandwidth_mb', bandwidth_mb, allow_none=True)
+    helpers.check_int('max_working_set_mb', max_working_set_mb, allow_none=True)
+    helpers.check_int('storage_mb', storage_mb)
+    helpers.check_int('repeats', repeats)
+    host_memory = _host_memory()
+    for name, mb in (('bandwidth_mb', bandwidth_mb), ('max_working_set_mb', max_working_set_mb)):
+        if mb and 4 * mb * 2**20 > host_memory:  # buffers, copies and index tensors
+            raise ValueError(f'{name}={mb} needs about {4 * mb} MiB of host memory; this '
+                             f'machine has {host_memory / 2**20:,.0f} MiB')
+    if shutil.disk_usage(tempfile.gettempdir()).free < 2 * storage_mb * 2**20:
+        raise ValueError(f'storage_mb={storage_mb}: not enough free space in '
+                         f'{tempfile.gettempdir()} for the temporary file')
+    device = helpers.try_gpu()
+    on_gpu = device.type == 'cuda'
+    machine = on_device(probe(), device)
+    names, skipped = precisions_04(machine)
+    probed = probe_precisions_04(names, device)
+    info = hardware.cpu_info()
+    llc_name, llc_bytes = hardware.last_level_cache()
+    gpu_l2 = torch.cuda.get_device_properties(device).L2_cache_size if on_gpu else None
+    plan = plan_04(machine, {p: rate for p, (_, rate) in probed.items()}, llc_bytes=llc_bytes,
+                   gpu_l2_bytes=gpu_l2, repeats=repeats)
+    max_ghz, max_clock = info.max_ghz, 'reported by cpufreq'
+    if max_ghz is None:
+        max_ghz, max_clock = None, 'unknown'
+        if info.nominal_ghz:
+            max_ghz, max_clock = 1.5 * info.nominal_ghz, 'assumed: 1.5x nominal, none reported'
+    env = helpers.environment()
+    slowest = min(probed, key=lambda p: probed[p][1])
+    book_n = MATMUL_BOOK_04[device.type]
+    llc = f'{llc_name} {llc_bytes / 2**20:,.3g} MiB' if llc_name else 'unknown'
+    ghz = lambda g: f'{g:.2f} GHz' if g else 'unknown'
+    why = [f'Device: {env["device"]}. CPU: {info.model}, {info.logical_cores} logical cores, '
+           f'last-level cache {llc}; nominal clock {ghz(info.nominal_ghz)} (from '
+           f'{info.nominal_from}), maximum {ghz(max_ghz)} ({max_clock}).',
+           'Probe, the fastest of three small products: ' + ', '.join(
+               f'{p} {r / 1e9:,.1f} GFLOP/s (n={n})' for p, (n, r) in probed.items()) + '.',
+           str(plan)]
+    given = {k: v for k, v in (('matmul_size', matmul_size), ('bandwidth_mb', bandwidth_mb),
+                               ('max_working_set_mb', max_working_set_mb)) if v is not None}
+    if given:
+        why.append('Given as parameters, and used instead of the plan: '
+                   + ', '.join(f'{k}={v}' for k, v in given.items()) + '.')
+    if probed[slowest][1] < 0.25 * probed['float32'][1]:  # sized apart for a reason
+        why.append(f'The slowest precision here, {slowest}, runs at '
+                   f'{probed[slowest][1] / probed["float32"][1]:.2g}x float32\'s rate: one '
+                   f'{book_n} x {book_n} product in it would take about '
+                   f'{2 * book_n**3 / probed[slowest][1]:,.1f} s, so each precision gets its '
+                   'own size.')
+    return Setup(why, device=device, on_gpu=on_gpu, env=env, machine=machine, plan=plan,
+                 info=info, precisions=names, skipped=skipped,
+                 probe_gflops={p: r / 1e9 for p, (_, r) in probed.items()},
+                 matmul_sizes={p: matmul_size for p in names} if matmul_size
+                 else plan['matmul_sizes'],
+                 thread_sweep_size=matmul_size or plan['thread_sweep_size'],
+                 thread_counts=plan['thread_counts'],
+                 bandwidth_mb=bandwidth_mb or plan['bandwidth_mb'],
+                 max_working_set_mb=max_working_set_mb or plan['max_working_set_mb'],
+                 exercise_mb=min(bandwidth_mb or plan['bandwidth_mb'], EXERCISE_MB_04),
+                 storage_mb=storage_mb, repeats=repeats, llc_name=llc_name,
+                 llc_bytes=llc_bytes, gpu_l2_bytes=gpu_l2, nominal_ghz=info.nominal_ghz,
+                 max_ghz=max_ghz, max_clock=max_clock)
 
 
 # ------------------------------------------------------------------------------- notebook 05
@@ -456,16 +727,23 @@ GPU_LENET_EFFICIENCY = 0.1      # tiny kernels: far from a GPU's matmul rate
 GPU_REPLICA_STEP_S = 3e-3       # launches and Python per replica per step (about 80 kernels)
 GPU_LOADER_S_PER_EXAMPLE = 1e-5  # DataLoader indexing and collating on a slow host, per example
 BOOK_05 = {'num_epochs': 10, 'num_train': 60000, 'num_test': 10000}
+LARGER_BATCH_EPOCHS_05 = 2       # epochs at the 4x larger batch, with and without a scaled lr
+T1_LARGEST_05 = 1024             # the t1 sweep's largest per-device batch (4x the book's batch)
+CPU_TRAINING_SHARE_05 = 0.33     # of the CPU budget, for the training runs the plan sizes
 
 
 def plan_05(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivalence_steps=5):
     """Notebook 05: epochs and examples for LeNet trained by hand on k (emulated) devices.
 
-    The notebook trains once per k in device_counts for num_epochs epochs, three more single
-    epochs (a 4x smaller and a 4x larger global batch, and the larger one with a scaled learning
-    rate), and a few dozen steps for the equivalence checks. On a GPU the book's scale (10 epochs
-    of 60,000 examples) is kept where it fits the budget; on a CPU two epochs of the largest
-    subset that fits are chosen, because that subset is what CI runs."""
+    The notebook trains once per k in device_counts for num_epochs epochs, once more on one
+    device from weights nudged by one float32 step (the rounding experiment), one epoch at a 4x
+    smaller global batch, LARGER_BATCH_EPOCHS_05 epochs at a 4x larger one three times (the
+    learning rate as given, and scaled by 4 from two starts), and a few dozen steps for the
+    equivalence checks. On a GPU
+    the book's scale (10 epochs of 60,000 examples) is kept where it fits the budget; on a CPU
+    two epochs of the largest subset that fits are chosen, because that subset is what CI
+    runs. The estimate leaves out what no size changes (the t1 sweep up to T1_LARGEST_05
+    examples, the pipeline's processes), which the rest of the budget covers."""
     per_example = LENET_TRAIN_FLOPS / (machine.flops * (
         GPU_LENET_EFFICIENCY if machine.on_gpu else CPU_LENET_EFFICIENCY))
 
@@ -477,13 +755,16 @@ def plan_05(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivalen
 
     def seconds(sizes):
         epochs, n, n_test = sizes['num_epochs'], sizes['num_train'], sizes['num_test']
-        train = sum(epochs * (n // batch_size) * step_s(batch_size, k) for k in device_counts)
-        larger = [(max(1, batch_size // 4), 1), (4 * batch_size, 1), (4 * batch_size, 1)]
-        train += sum((n // b) * step_s(b, k) for b, k in larger)
+        runs = [*device_counts, 1]  # the nudged run is one more on one device
+        train = sum(epochs * (n // batch_size) * step_s(batch_size, k) for k in runs)
+        larger_epochs = min(LARGER_BATCH_EPOCHS_05, epochs)
+        larger = [(max(1, batch_size // 4), 1), (4 * batch_size, larger_epochs),
+                  (4 * batch_size, larger_epochs), (4 * batch_size, larger_epochs)]
+        train += sum(e * (n // b) * step_s(b, 1) for b, e in larger)
         # float64 (about 3x), float32 and TF32 checks, even and uneven, and exercise 2, each
         # of two runs on a batch of about 64
         equivalence = (2 * (3 + 1 + 1) * equivalence_steps + 3 * 3) * 2 * step_s(64, num_gpus)
-        evaluations = (epochs * len(device_counts) + 5) * n_test * per_example / 3
+        evaluations = (epochs * len(runs) + 1 + 3 * larger_epochs + 2) * n_test * per_example / 3
         return train + equivalence + evaluations
 
     if machine.on_gpu:
@@ -494,9 +775,9 @@ def plan_05(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivalen
         candidates = [{'num_epochs': 2, 'num_train': n, 'num_test': 1000}
                       for n in (60000, 30000, 20000, 16000, 12000, 10000, 8000, 6000, 5000,
                                 4000, 3000, 2000)]
-        # the rest of the 90 s: kernel start, two worker processes, the timing sections, and
-        # headroom for a machine that is busy with other work
-        limit = budget('05', machine) * 0.27
+        # the rest of the 90 s: kernel start, two worker processes, the timing sections (about
+        # 30 s on 2 cores), and headroom for a machine that is busy with other work
+        limit = budget('05', machine) * CPU_TRAINING_SHARE_05
     chosen = largest_fitting(candidates, seconds, limit)
     book = chosen == BOOK_05
     images = chosen['num_train'] + chosen['num_test']
@@ -512,6 +793,128 @@ def plan_05(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivalen
     return Plan(dict(chosen), seconds(chosen),
                 device_bytes=activations + 4 * LENET_PARAMS * 4 * max(device_counts),
                 host_bytes=images * 28 * 28 * 5, why=why)
+
+
+def setup_05(*, num_gpus=2, batch_size=None, lr=0.1, num_epochs=None, num_train=None,
+             num_test=None, device_counts=None, equivalence_steps=5, microbatches=None,
+             sync_batches=None, data_source='auto'):
+    """Notebook 05's setup: every parameter checked (a ValueError naming it, before any work),
+    then the sizes planned for this machine (plan_05), the devices (real GPUs, or replicas
+    that emulate the missing ones), whether TF32 is measured (every GPU used has TF32 tensor
+    cores) or emulated, and what t1 and t2 are measured on."""
+
+    helpers.check_int('num_gpus', num_gpus)
+    why = []
+    if batch_size is None:  # the book's 256, rounded so that every device gets the same share
+        batch_size = max(num_gpus, round(256 / num_gpus) * num_gpus)
+        if batch_size != 256:
+            why.append(f"batch_size=None: the book's 256 rounded to {batch_size}, a multiple of "
+                       f'num_gpus={num_gpus}, so that each device gets {batch_size // num_gpus} '
+                       'examples.')
+    helpers.check_int('batch_size', batch_size)
+    if batch_size < num_gpus:
+        raise ValueError(f'batch_size={batch_size} is smaller than num_gpus={num_gpus}: '
+                         'every device needs at least one example')
+    helpers.check_positive('lr', lr)
+    for name, value in (('num_epochs', num_epochs), ('num_train', num_train),
+                        ('num_test', num_test)):
+        helpers.check_int(name, value, allow_none=True)
+    counts = sorted(set(helpers.check_list(
+        'device_counts', [1, num_gpus] if device_counts is None else device_counts,
+        helpers.check_int)))
+    if not counts:
+        raise ValueError('device_counts is empty: give at least one k, for example [1, 2]')
+    for k in counts:
+        if batch_size < k:
+            raise ValueError(f'device_counts has {k} but batch_size={batch_size} < {k}')
+    k_exercise = max(2, num_gpus)  # the exercises compare at least 2 replicas with one device
+    if batch_size < k_exercise:
+        raise ValueError(f'batch_size={batch_size}: the exercises split each batch over '
+                         f'{k_exercise} replicas and need at least {k_exercise} examples')
+    helpers.check_int('equivalence_steps', equivalence_steps)
+    micro = sorted(set(helpers.check_list(
+        'microbatches', [1, 2, 4, 8] if microbatches is None else microbatches,
+        helpers.check_int)))
+    if len(micro) < 2 or micro[-1] > batch_size:
+        raise ValueError(f'microbatches={micro}: give at least two micro-batch counts, each '
+                         f'at most batch_size={batch_size} (the pipeline cuts one minibatch)')
+    per_device = batch_size // num_gpus
+    given_sync = sync_batches is not None
+    if given_sync:
+        sync_batches = helpers.check_list('sync_batches', sync_batches, helpers.check_int)
+        if not set(sync_batches) - {per_device}:
+            raise ValueError(f'sync_batches={sync_batches}: give at least one per-device batch '
+                             f'besides b={per_device}, to compare t1 across batches')
+    helpers.check_choice('data_source', data_source, ('real', 'synthetic', 'auto'))
+    global_batches = sorted({max(1, batch_size // 4), batch_size, 4 * batch_size})
+
+    def check_num_train(n):
+        if n < global_batches[-1]:
+            raise ValueError(f'num_train={n} is smaller than {global_batches[-1]}, the largest '
+                             f'global batch (4 x batch_size) of the larger-batch experiment: '
+                             f'use num_train >= {global_batches[-1]} or a smaller batch_size')
+        if given_sync and max(sync_batches) > n:
+            raise ValueError(f'sync_batches has {max(sync_batches)}, more than num_train={n}')
+    if num_train is not None:
+        check_num_train(num_train)
+
+    machine = probe()
+    plan = plan_05(machine, num_gpus, batch_size, counts, equivalence_steps)
+    why.insert(0, f'Measured: {machine}.')
+    why.insert(1, str(plan) if None in (num_epochs, num_train, num_test) else
+               'num_epochs, num_train and num_test were given.')
+    num_train = num_train or plan['num_train']
+    check_num_train(num_train)
+    num_epochs = num_epochs or plan['num_epochs']
+    if not given_sync:  # 1, 2, 4, ... up to 4 x the book's batch, as far as the data reaches
+        top = min(T1_LARGEST_05, num_train)
+        sync_batches = [2**i for i in range(top.bit_length())]
+    sync_batches = sorted(set(sync_batches) | {per_device})
+
+    with contextlib.redirect_stdout(io.StringIO()) as said:  # its sentence, for `why`
+        devices = helpers.resolve_devices(num_gpus)
+    why.append(f'Devices: {said.getvalue().strip()}.')
+    gpus = helpers.num_gpus()
+    on_gpu = devices[0].type == 'cuda'
+    used = sorted(set(devices), key=str)
+    tf32_hardware = on_gpu and all(torch.cuda.get_device_capability(d) >= (8, 0) for d in used)
+    if tf32_hardware:
+        names = ', '.join(sorted({torch.cuda.get_device_name(d) for d in used}))
+        tf32_how = f"measured on {names} with torch's default TF32 convolutions"
+    elif on_gpu:
+        tf32_how = ('emulated, because not every GPU used has TF32 tensor cores (compute '
+                    'capability 8.0 or newer): convolution operands rounded to TF32 in the '
+                    'forward pass')
+    else:
+        tf32_how = ('emulated, because a CPU has no TF32: convolution operands rounded to '
+                    'TF32 in the forward pass')
+    why.append(f'TF32: {tf32_how}.')
+    cores = os.cpu_count() or 1
+    t1_threads = torch.get_num_threads() if on_gpu else helpers.cores_per_process(2)
+    if gpus >= 2:
+        t2_link = "between two GPUs, with this notebook's allreduce"
+    elif on_gpu:
+        t2_link = ('between two CPU processes over loopback: one GPU has no second GPU to '
+                   'exchange with, so t1 (on the GPU) and t2 (on the CPU) describe different '
+                   'hardware')
+    else:
+        t2_link = (f'between two CPU processes over loopback, each with '
+                   f'{helpers.cores_per_process(2)} of the {cores} cores')
+    why.append(f't1 is timed on {devices[0]} with {t1_threads} thread(s); t2 is measured '
+               f'{t2_link}.')
+    return Setup(why, machine=machine, plan=plan, num_gpus=num_gpus, batch_size=batch_size,
+                 lr=lr, num_epochs=num_epochs, num_train=num_train,
+                 num_test=num_test or plan['num_test'], device_counts=counts,
+                 equivalence_steps=equivalence_steps, microbatches=micro,
+                 sync_batches=sync_batches, data_source=data_source, devices=devices,
+                 emulated=len(set(devices)) < len(devices), on_gpu=on_gpu, gpus=gpus,
+                 per_device=per_device, k_exercise=k_exercise, global_batches=global_batches,
+                 claim_per_device=max(1, min(per_device, 64 // num_gpus)),
+                 extra=min(1, num_gpus - 1),  # one example more than k*b: uneven shards
+                 larger_batch_epochs=min(LARGER_BATCH_EPOCHS_05, num_epochs),
+                 tf32_hardware=tf32_hardware, tf32_how=tf32_how, t1_threads=t1_threads,
+                 t2_link=t2_link, t2_between_gpus=gpus >= 2,
+                 t1_t2_same_hardware=gpus >= 2 or not on_gpu)
 
 
 # ------------------------------------------------------------------------------- notebook 06
@@ -559,13 +962,22 @@ def plan_06(machine, num_gpus=2, device_counts=(1, 2), batch_size=None, width=No
     exchange gradients through gloo and host memory, which the estimate counts). On a CPU the
     steps are fixed (enough for a narrow network to learn) and the width is the largest that
     fits, because that run is what CI executes. Values given (not None) are kept, and the
-    estimate and the timeout are those of the work actually run."""
+    estimate and the timeout are those of the work actually run.
+
+    With GPUs of different speeds (an H100 beside a T4), a run on k of them is paced by the
+    slowest of the GPUs it uses (machine.gpu_flops: ranks and replicas take GPUs 0, 1, ... in
+    turn), so a run on GPU 0 alone is planned at GPU 0's rate and a 2-GPU run at the slower
+    card's; the timeout follows the slowest run."""
     given = {k: v for k, v in dict(batch_size=batch_size, width=width, num_epochs=num_epochs,
                                    num_train=num_train, num_test=num_test).items()
              if v is not None}
     gpus = machine.gpus if machine.on_gpu else 0
     counts = sorted(set(device_counts))
     dp_counts = [k for k in counts if k <= gpus] or [1]
+
+    def gpu_rate(k):
+        """fp32 rate of the slowest GPU that k ranks (or DataParallel replicas) use."""
+        return min(machine.gpu_flops[:min(k, gpus)] or (machine.flops,))
 
     def step_s(sizes, k, dataparallel=False):
         """One training step of the global batch over k processes (or DataParallel devices)."""
@@ -577,7 +989,7 @@ def plan_06(machine, num_gpus=2, device_counts=(1, 2), batch_size=None, width=No
             return (share * CPU_STEP_FLOPS_06 + batch * flops / CPU_CONV_EFFICIENCY_06
                     ) / machine.host_flops + comm
         devices = min(k, gpus)
-        compute = batch * flops / (GPU_CONV_EFFICIENCY_06 * machine.flops * devices)
+        compute = batch * flops / (GPU_CONV_EFFICIENCY_06 * gpu_rate(k) * devices)
         if dataparallel or k == 1:
             comm = 0
         elif k <= gpus:
@@ -588,7 +1000,7 @@ def plan_06(machine, num_gpus=2, device_counts=(1, 2), batch_size=None, width=No
 
     def run_s(sizes, k, dataparallel=False):
         flops = resnet18_size_06(sizes['width'])[0]
-        rate = (GPU_CONV_EFFICIENCY_06 * machine.flops if machine.on_gpu
+        rate = (GPU_CONV_EFFICIENCY_06 * gpu_rate(k) if machine.on_gpu
                 else CPU_CONV_EFFICIENCY_06 * machine.host_flops)
         evaluate = sizes['num_test'] * flops / 3 / rate
         steps = sizes['num_train'] // sizes['batch_size']
@@ -657,11 +1069,110 @@ def plan_06(machine, num_gpus=2, device_counts=(1, 2), batch_size=None, width=No
                 why=why)
 
 
+OVERLAP_REPEATS_06 = 7           # rounds of the overlap experiment (after one warm-up)
+
+
+def setup_06(*, num_gpus=2, batch_size=None, lr=0.1, num_epochs=None, num_train=None,
+             num_test=None, width=None, device_counts=None, master_port=None,
+             worker_timeout=None, data_source='auto'):
+    """Notebook 06's setup: every parameter checked (a ValueError naming it, before any work),
+    then the sizes planned for this machine (plan_06), the global batch rounded up so that it
+    splits evenly over every process count the notebook uses (the DDP runs, and the
+    two-process jobs: the crash and the overlap experiment), the devices, and the settings of
+    the DDP workers (`ddp_config`, without the data) and of the overlap experiment."""
+
+    helpers.check_int('num_gpus', num_gpus)
+    counts = sorted(set(helpers.check_list(
+        'device_counts', [1, num_gpus] if device_counts is None else device_counts,
+        helpers.check_int)))
+    if not counts:
+        raise ValueError('device_counts is empty: give at least one k, for example [1, 2]')
+    for name, value in (('batch_size', batch_size), ('num_epochs', num_epochs),
+                        ('num_train', num_train), ('num_test', num_test), ('width', width),
+                        ('worker_timeout', worker_timeout)):
+        helpers.check_int(name, value, allow_none=True)
+    helpers.check_positive('lr', lr)
+    helpers.check_choice('data_source', data_source, ('real', 'synthetic', 'auto'))
+    if master_port is not None:
+        helpers.check_int('master_port', master_port)
+        if not launch.port_is_free(master_port):
+            raise ValueError(f'master_port={master_port} is busy on 127.0.0.1: choose '
+                             'another or None')
+    process_counts = sorted(set(counts) | {2})  # the crash and the overlap jobs use 2
+    multiple = math.lcm(*process_counts)
+    for k in process_counts if batch_size is not None else ():
+        if batch_size % k:
+            used_by = 'a DDP run' if k in counts else 'the two-process jobs'
+            raise ValueError(f'batch_size={batch_size} does not split evenly over {k} '
+                             f'processes ({used_by}): use a multiple of {multiple}, or None')
+
+    machine = probe()
+    plan = plan_06(machine, num_gpus, counts, batch_size, width, num_epochs, num_train,
+                   num_test)
+    why = []
+    if None in (batch_size, num_epochs, num_train, num_test, width, worker_timeout):
+        why += [f'Measured: {machine}.', str(plan)]
+    if batch_size is None:
+        batch_size = -(-plan['batch_size'] // multiple) * multiple
+        if batch_size != plan['batch_size']:
+            why.append(f'batch_size=None: {plan["batch_size"]} rounded up to {batch_size}, a '
+                       f'multiple of every process count used here ({process_counts}).')
+    num_train = num_train or plan['num_train']
+    if num_train < batch_size:
+        raise ValueError(f'num_train={num_train} is smaller than one batch ({batch_size})')
+    sizes = dict(batch_size=batch_size, num_epochs=num_epochs or plan['num_epochs'],
+                 num_train=num_train, num_test=num_test or plan['num_test'],
+                 width=width or plan['width'],
+                 worker_timeout=worker_timeout or plan['worker_timeout'])
+
+    gpus = [d for d in helpers.try_all_gpus() if d.type == 'cuda']
+    own_devices = bool(gpus) and max(counts) <= len(gpus)
+    cores = os.cpu_count() or 1
+    if own_devices:
+        where, devices = 'GPUs', 'DDP runs one process per GPU, with nccl.'
+        compared = ('compute: one GPU; all-reduce: two processes, each on its own GPU, '
+                    'with nccl.')
+    elif gpus:
+        where = 'processes sharing the GPU(s)'
+        devices = (f'DDP runs with more than {len(gpus)} process(es) share the GPU(s) through '
+                   'gloo and host memory; with a GPU per process they use nccl.')
+        compared = ('compute: the whole of GPU 0, one process; all-reduce: two processes '
+                    'sharing GPU 0, with gloo through host memory.')
+        if len(gpus) >= 2:
+            compared = ('compute: the whole of GPU 0, one process; all-reduce: two processes '
+                        'on GPUs 0 and 1, with nccl.')
+    else:
+        where = 'CPU processes sharing the cores'
+        devices = f'DDP runs CPU processes that talk through gloo, sharing {cores} cores.'
+        compared = (f'compute: one process with {helpers.cores_per_process(2)} of the {cores} '
+                    'cores (what each of two processes gets); all-reduce: two CPU processes, '
+                    'with gloo.')
+    why.append(f'GPUs found: {len(gpus)}. {devices}')
+    why.append(f'{sizes["num_train"]} training and {sizes["num_test"]} test examples, global '
+               f'batch {batch_size}, {sizes["num_epochs"]} epoch(s), ResNet-18 of width '
+               f'{sizes["width"]}; DDP with {counts} process(es); a run that hangs is stopped '
+               f'after {sizes["worker_timeout"]} s.')
+    ddp_config = {'batch_size': batch_size, 'lr': lr, 'epochs': sizes['num_epochs'],
+                  'num_train': sizes['num_train'], 'num_test': sizes['num_test'],
+                  'width': sizes['width'], 'data_source': data_source, 'timeout': 60}
+    overlap_config = {'width': plan['overlap_width'], 'batch': plan['overlap_batch'],
+                      'bucket_mb': 4, 'repeats': OVERLAP_REPEATS_06}
+    return Setup(why, machine=machine, plan=plan, num_gpus=num_gpus, lr=lr,
+                 device_counts=counts, process_counts=process_counts, master_port=master_port,
+                 data_source=data_source, gpus=gpus, on_gpu=bool(gpus), own_devices=own_devices,
+                 device=gpus[0] if gpus else torch.device('cpu'),
+                 dp_counts=[k for k in counts if k <= len(gpus)] or [1], cores=cores,
+                 where=where, compared=compared, ddp_config=ddp_config,
+                 overlap_config=overlap_config, compute_batch=plan['compute_batch'],
+                 steps=sizes['num_epochs'] * (sizes['num_train'] // batch_size), **sizes)
+
+
 # ------------------------------------------------------------------------------- notebook 07
 # Notebook 07 runs CPU processes that talk gloo on every machine, GPU or not, so its plan sizes
 # only messages, repeats and demo lengths, to the CPU budget. Rates measured on a 2-core machine:
 LOOPBACK_BUSBW_07 = 0.8e9   # ring or dist.all_reduce bus bandwidth over loopback, a core each
-FIXED_S_07 = 28             # kernel, imports, the first forked process, small runs, plots
+FIXED_S_07 = 30             # kernel, imports, the first forked process, small runs, plots,
+                            # the restart from a checkpoint
 LINK_MBIT_07 = 2000         # emulated links: a 64 MB ring over 4 hosts in about half a second,
                             # slow enough to stay network-bound when 2 cores serve every host
 
@@ -684,11 +1195,11 @@ def plan_07(machine, max_processes=4, cluster=False, num_workers=2, demo_servers
 
     def sweep_s(mb):
         sizes = [4 * 16**k / 1024 for k in range(8) if 4 * 16**k / 1024 < mb] + [mb]
-        one = sum(loopback(2, s, 1) + sum(loopback(n, s, 2 * (n - 1) / n) * 2
+        one = sum(loopback(2, s, 1) + sum(loopback(n, s, 2 * (n - 1) / n) * 2 + loopback(n, s, 1)
                                            + loopback(n, s, 2 * (n - 1)) for n in groups)
-                  for s in sizes[:-1])
+                  for s in sizes[:-1])  # p2p; per n: ring, dist.all_reduce, shift, naive
         return (bench_repeats + 1) * (one + loopback(2, mb, 1) + sum(
-            loopback(n, mb, 2 * (n - 1)) for n in groups))
+            loopback(n, mb, 1) + loopback(n, mb, 2 * (n - 1)) for n in groups))
 
     def race_s(mb, repeats):
         return (repeats + 1) * sum((len(segment_counts) + 1) * loopback(n, mb, 2 * (n - 1) / n)
@@ -733,6 +1244,77 @@ def plan_07(machine, max_processes=4, cluster=False, num_workers=2, demo_servers
                 why=why)
 
 
+def setup_07(*, max_processes=4, message_mb=None, bench_repeats=3, race_repeats=None,
+             segment_counts=(1, 2, 4, 8, 16), num_workers=2, num_servers=2,
+             demo_servers=(1, 2, 4), gradient_mb=None, straggler_ms=20, use_cluster=None,
+             link_mbit=None, link_delay_ms=None, worker_timeout=180, results_dir=None,
+             cluster=None):
+    """Notebook 07's setup: every parameter checked (a ValueError naming it, before any work),
+    then whether emulated hosts can run here, the machine probed and the sizes planned
+    (plan_07). `cluster` is the notebook's cluster module (emulated hosts), passed in so that
+    this module imports no course module only notebook 07 needs."""
+    helpers.check_int('max_processes', max_processes, minimum=2)
+    helpers.check_int('message_mb', message_mb, allow_none=True)
+    helpers.check_int('bench_repeats', bench_repeats)
+    helpers.check_int('race_repeats', race_repeats, allow_none=True)
+    segment_counts = helpers.check_list('segment_counts', segment_counts, helpers.check_int)
+    helpers.check_int('num_workers', num_workers)
+    helpers.check_int('num_servers', num_servers)
+    demo_servers = sorted(set(helpers.check_list('demo_servers', demo_servers,
+                                                 helpers.check_int)))
+    if not demo_servers:
+        raise ValueError('demo_servers is empty: give at least one server count, e.g. [1, 2, 4]')
+    helpers.check_int('gradient_mb', gradient_mb, allow_none=True)
+    helpers.check_int('straggler_ms', straggler_ms, minimum=0)
+    helpers.check_choice('use_cluster', use_cluster, (None, True, False))
+    if link_mbit is not None:
+        helpers.check_positive('link_mbit', link_mbit)
+    if link_delay_ms is not None and (isinstance(link_delay_ms, bool) or not isinstance(
+            link_delay_ms, (int, float)) or not 0 <= link_delay_ms <= 100):
+        raise ValueError(f'link_delay_ms must be a number of milliseconds in [0, 100] or None, '
+                         f'got {link_delay_ms!r}')
+    helpers.check_int('worker_timeout', worker_timeout)
+    if cluster is None:
+        raise ValueError('cluster must be the cluster module (import cluster)')
+    # Emulated hosts need Linux and root; otherwise the demos emulate slow links in-process.
+    if use_cluster is False:
+        cluster_ok, cluster_why = False, 'use_cluster=False'
+    else:
+        cluster_ok, cluster_why = cluster.available()
+    if use_cluster and not cluster_ok:
+        raise ValueError(f'use_cluster=True, but no emulated cluster can run here: {cluster_why}')
+    hosts_needed = max(max_processes, num_workers + max(demo_servers), 3)
+    if cluster_ok and hosts_needed > cluster.MAX_HOSTS:
+        raise ValueError(f'max_processes, num_workers + max(demo_servers) need {hosts_needed} '
+                         f'hosts; an emulated cluster has at most {cluster.MAX_HOSTS}')
+    delay_ok, delay_why = cluster.delay_available() if cluster_ok else (False, cluster_why)
+    if link_delay_ms and cluster_ok and not delay_ok:
+        raise ValueError(f'link_delay_ms={link_delay_ms}, but {delay_why}: pass link_delay_ms=0')
+    machine = probe()
+    plan = plan_07(machine, max_processes, cluster_ok, num_workers, demo_servers, bench_repeats,
+                   segment_counts, message_mb, race_repeats, link_mbit, gradient_mb)
+    if link_delay_ms is None:
+        link_delay_ms = 1 if delay_ok else 0
+    cores = os.cpu_count() or 1
+    why = [f'Measured: {machine}.', str(plan)]
+    if cluster_ok:
+        why.append(f'Emulated cluster: up to {hosts_needed} hosts, links of {plan["link_mbit"]} '
+                   f'Mbit/s and {link_delay_ms} ms added delay'
+                   + (f' ({delay_why}).' if not delay_ok else '.'))
+    else:
+        why.append(f'No emulated cluster ({cluster_why}): slow links are emulated inside the '
+                   'processes.')
+    return Setup(why, machine=machine, plan=plan, cores=cores, max_processes=max_processes,
+                 group_sizes=sorted({2, max_processes}), message_mb=plan['message_mb'],
+                 bench_repeats=bench_repeats, race_repeats=plan['race_repeats'],
+                 segment_counts=segment_counts, num_workers=num_workers,
+                 num_servers=num_servers, demo_servers=demo_servers,
+                 gradient_mb=plan['gradient_mb'], straggler_ms=straggler_ms,
+                 cluster_ok=cluster_ok, cluster_why=cluster_why, hosts_needed=hosts_needed,
+                 link_mbit=plan['link_mbit'], link_delay_ms=link_delay_ms, delay_ok=delay_ok,
+                 delay_why=delay_why, worker_timeout=worker_timeout, results_dir=results_dir)
+
+
 # ------------------------------------------------------------------------------- notebook 08
 ZERO_STRATEGIES = 4             # ddp, zero1, zero2, fsdp: each trained in every run
 ZERO_STEPS = 8                  # 2 warm-up, 5 timed and 1 counted step per strategy and run
@@ -754,51 +1336,74 @@ def zero_parameters(hidden, in_features=100, num_hidden=2, classes=10):
 
 
 def zero_run_overhead_s(k, cores):
-    """A run's cost besides its training steps: k processes that import torch and FSDP and
-    build the models, on `cores` cores (measured on 2 cores with a small model: 5.3, 7.3 and
-    15.8 s for k = 1, 2 and 4)."""
-    return 2.5 + 6.0 * k / cores
+    """A run's cost besides its training steps: k processes forked from the forkserver (which
+    imported torch once), each building its models and counting its collectives, on `cores`
+    cores. Measured on 2 cores (seconds outside the steps, 08's `seconds_outside_steps_by_k`):
+    0.4-1.2 s at k = 2 and 0.9-3.4 s at k = 4, the larger figures while other programs ran."""
+    return 1.0 + 0.5 * k / cores
+
+
+ZERO_FIXED_S = 8                # kernel, imports, the probe, starting the forkserver, plots
+ZERO_CPU_WIDTHS = (512, 384, 256, 192, 128)  # widths for CPU processes, widest first
+ZERO_EXACT_HIDDEN = 256         # the float64 check: every strategy on 4 CPU processes
+ZERO_EXACT_PROCESSES = 4        # more than two terms per sum, so the orders of summation differ
+ZERO_FLOAT64_COST = 2           # a float64 step's work against a float32 one's on a CPU
+
+
+def zero_cpu_seconds(machine, runs, hidden, cost=1):
+    """Seconds that CPU processes over gloo take on `machine`'s host for `runs`, a list of
+    (k, strategies) pairs of the MLP at `hidden`: starting each run's k processes, and every
+    strategy's ZERO_STEPS steps on k processes that share the host's cores. `cost`: a step's
+    work against float32's (ZERO_FLOAT64_COST for float64)."""
+    psi = zero_parameters(hidden)
+    return sum(zero_run_overhead_s(k, machine.host_cores)
+               + n * ZERO_STEPS * k * psi * cost * ZERO_CPU_STEP_FLOPS_PER_PARAM
+               / machine.host_flops for k, n in runs)
 
 
 def plan_08(machine, max_processes=4, device_counts=None):
     """Notebook 08: the MLP's hidden width, and where the k processes run.
 
     With a GPU for every process they run on GPUs with nccl, at a width (ZERO_GPU_HIDDEN) whose
-    parameters and Adam state dwarf everything else. Otherwise they are CPU processes over gloo
-    on the host (also on a GPU machine with fewer GPUs than processes, so that every k runs the
-    same way), and the width is the largest whose runs fit the CPU budget: the notebook trains
-    the four strategies on every k, plus a crash run and a 2-process run for the exercises.
-    cpu_hidden is the width for runs that go to CPU processes while the main runs use GPUs (the
-    2-process runs on a machine with one GPU)."""
+    parameters and Adam state dwarf everything else. Otherwise every run is a CPU process over
+    gloo (also on a GPU machine with fewer GPUs than processes, so that every k runs the same
+    way), and the plan is the CPU's: its budget, its cores, its FLOP rate. The work planned:
+    the four strategies on every k, the exercises' 2-process run of five strategies, the crash
+    run, and the float64 check (ZERO_EXACT_PROCESSES CPU processes at ZERO_EXACT_HIDDEN, on
+    every machine). cpu_hidden is the width of the 2-process runs when they go to CPU
+    processes while the main runs use GPUs (a machine with one GPU).
+
+    On CPU processes nothing the notebook teaches grows with the width: bytes are counted per
+    parameter and memory is never short, while the time per step and float32's rounding
+    differences to DDP grow. So a CPU runs at most ZERO_CPU_WIDTHS[0] (zero.py's default),
+    and narrower where a slow host needs it to fit its budget."""
     counts = sorted(set(device_counts or [2**i for i in range(8) if 2**i < max_processes]
                         + [max_processes]))
     on_gpus = machine.on_gpu and machine.gpus >= max(counts)
     main_runs = [(k, ZERO_STRATEGIES) for k in counts]
     small_runs = [(2, 5), (2, 0)]  # the exercises' run and the crash
     cores = machine.host_cores
+    host = on_device(machine, torch.device('cpu'))  # where the CPU processes run
+    cpu_limit = budget('08', host) * 0.7  # headroom for a machine busy with other work
+    exact_s = zero_cpu_seconds(host, [(ZERO_EXACT_PROCESSES, ZERO_STRATEGIES)],
+                               ZERO_EXACT_HIDDEN, cost=ZERO_FLOAT64_COST)
 
-    def cpu_seconds(hidden, runs):
-        psi = zero_parameters(hidden)
-        work = sum(n * ZERO_STEPS * k * psi * ZERO_CPU_STEP_FLOPS_PER_PARAM / machine.host_flops
-                   for k, n in runs)
-        return sum(zero_run_overhead_s(k, cores) for k, _ in runs) + work
+    def cpu_width(runs, fixed_s):
+        return largest_fitting(ZERO_CPU_WIDTHS,
+                               lambda h: fixed_s + zero_cpu_seconds(host, runs, h), cpu_limit)
 
-    def cpu_width(runs, limit):
-        return largest_fitting([2048, 1536, 1024, 768, 512, 384, 256],
-                               lambda h: 5 + cpu_seconds(h, runs), limit)
-
-    limit = budget('08', machine) * 0.7  # headroom for a machine busy with other work
     if on_gpus:
         psi = zero_parameters(ZERO_GPU_HIDDEN)
         step = 6 * psi * ZERO_BATCH_PER_RANK / machine.flops + ZERO_GPU_STEP_S
         init = ZERO_INIT_S_PER_PARAM * psi  # each strategy builds the model on the host
         runs = main_runs + (small_runs if machine.gpus >= 2 else [])
-        seconds = 5 + sum(zero_run_overhead_s(k, cores)
-                          + n * (init * max(1, k / cores) + ZERO_STEPS * step) for k, n in runs)
+        seconds = ZERO_FIXED_S + exact_s + sum(
+            zero_run_overhead_s(k, cores) + n * (init * max(1, k / cores) + ZERO_STEPS * step)
+            for k, n in runs)
         cpu_hidden = ZERO_GPU_HIDDEN
-        if machine.gpus < 2:  # the 2-process runs go to CPU processes, at a CPU's width
-            cpu_hidden = cpu_width(small_runs, limit - seconds)
-            seconds += cpu_seconds(cpu_hidden, small_runs)
+        if machine.gpus < 2:  # the 2-process runs go to CPU processes, sized as on a CPU
+            cpu_hidden = cpu_width(small_runs, ZERO_FIXED_S + exact_s)
+            seconds += zero_cpu_seconds(host, small_runs, cpu_hidden)
         # DDP's 16 bytes a parameter, twice over for transient copies, on each GPU
         return Plan({'hidden': ZERO_GPU_HIDDEN, 'backend': 'nccl', 'cpu_hidden': cpu_hidden},
                     seconds, device_bytes=2 * 16 * psi, host_bytes=max(counts) * 16 * psi,
@@ -806,15 +1411,235 @@ def plan_08(machine, max_processes=4, device_counts=None):
                         f'{psi / 1e6:.0f} M parameters.' + (
                             f' The 2-process runs go to CPU processes at hidden={cpu_hidden}.'
                             if machine.gpus < 2 else ''))
-    hidden = cpu_width(main_runs + small_runs, limit)
-    seconds = 5 + cpu_seconds(hidden, main_runs + small_runs)
+    hidden = cpu_width(main_runs + small_runs, ZERO_FIXED_S + exact_s)
+    seconds = ZERO_FIXED_S + exact_s + zero_cpu_seconds(host, main_runs + small_runs, hidden)
     psi = zero_parameters(hidden)
     over = (f' Even the narrowest takes about {seconds:.0f} s: starting {max(counts)} '
-            'processes dominates.' if seconds > limit else '')
+            'processes dominates.' if seconds > cpu_limit else '')
     where = (f'{machine.gpus} GPU(s) for {max(counts)} processes: CPU processes over gloo on the '
-             f'host, so that every k runs the same way. ' if machine.on_gpu else '')
+             f'host, sized to the CPU\'s budget, so that every k runs the same way. '
+             if machine.on_gpu else '')
     return Plan({'hidden': hidden, 'backend': 'gloo', 'cpu_hidden': hidden}, seconds,
                 host_bytes=max(counts) * (2 * 16 * psi + 400 * 2**20),  # + torch per process
-                why=f'{where}hidden={hidden} ({psi / 1e6:.2f} M parameters) is the widest MLP '
-                    f'whose runs fit {limit:.0f} s on {cores} cores; hidden={ZERO_GPU_HIDDEN} '
-                    f'is the size GPUs run.{over}')
+                why=f'{where}hidden={hidden} ({psi / 1e6:.2f} M parameters) fits '
+                    f'{cpu_limit:.0f} s on {cores} cores, with the float64 check at '
+                    f'hidden={ZERO_EXACT_HIDDEN}; hidden={ZERO_GPU_HIDDEN} is the size GPUs '
+                    f'run.{over}')
+
+
+def setup_08(*, num_gpus=4, device_counts=None, hidden=None, batch_per_rank=32, timed_steps=5,
+             lr=1e-3, memory_limit_gb=80, collective_timeout=60, worker_timeout=180):
+    """Notebook 08's setup: every parameter checked (a ValueError naming it, before any
+    process starts), then the process counts k, the width and the backend planned for this
+    machine (plan_08), and the workers' settings: `config` for the main runs, `small_config`
+    for the 2-process runs (the crash, the exercises) and `exact_config` for the float64
+    check, which always runs on ZERO_EXACT_PROCESSES CPU processes."""
+
+    helpers.check_int('num_gpus', num_gpus)
+    if device_counts is None:
+        ks = [2**i for i in range(num_gpus.bit_length()) if 2**i < num_gpus] + [num_gpus]
+    else:
+        ks = helpers.check_list('device_counts', device_counts, helpers.check_int)
+    if not ks:
+        raise ValueError('device_counts is empty: give at least one process count, or None')
+    helpers.check_int('hidden', hidden, allow_none=True)
+    helpers.check_int('batch_per_rank', batch_per_rank)
+    helpers.check_int('timed_steps', timed_steps)
+    helpers.check_positive('lr', lr)
+    helpers.check_positive('memory_limit_gb', memory_limit_gb)
+    helpers.check_int('collective_timeout', collective_timeout)
+    helpers.check_int('worker_timeout', worker_timeout)
+    ks = sorted(set(ks))
+    machine = probe()
+    plan = plan_08(machine, max(ks), ks)
+    gpus = helpers.num_gpus()
+    backend = plan['backend'] if dist.is_nccl_available() else 'gloo'
+    config = {'hidden': hidden or plan['hidden'], 'batch_per_rank': batch_per_rank,
+              'timed_steps': timed_steps, 'lr': lr, 'backend': backend,
+              'timeout': collective_timeout}
+    small_backend = backend if gpus >= 2 else 'gloo'  # the crash and the exercises: 2 ranks
+    small_config = {**config, 'backend': small_backend}
+    if small_backend != backend:
+        small_config['hidden'] = plan['cpu_hidden']
+    exact_config = {**config, 'backend': 'gloo', 'hidden': ZERO_EXACT_HIDDEN,
+                    'dtype': 'float64'}
+    cores = os.cpu_count() or 1
+    where = {'nccl': 'each process drives its own GPU, with nccl.',
+             'gloo': f'CPU processes talk through gloo over loopback TCP and share {cores} '
+                     'cores; they stand in for GPUs.'}[backend]
+    why = [str(plan) if hidden is None else f'hidden={hidden}, as given.',
+           f'k = {ks} processes; {gpus} GPU(s) found: {where}']
+    if gpus and backend == 'gloo':
+        why.append(f'{gpus} GPU(s) are fewer than {max(ks)} processes: num_gpus={gpus} runs '
+                   'on the GPUs, with nccl.')
+    if small_backend != backend:
+        why.append(f'The 2-process runs (a crash, the exercises) use CPU processes over gloo, '
+                   f'at hidden={small_config["hidden"]}: there is one GPU.')
+    return Setup(why, machine=machine, plan=plan, ks=ks, k_max=max(ks), gpus_found=gpus,
+                 backend=backend, cores=cores, hidden=config['hidden'], config=config,
+                 small_config=small_config, exact_config=exact_config, num_gpus=num_gpus,
+                 batch_per_rank=batch_per_rank, timed_steps=timed_steps, lr=lr,
+                 memory_limit_gb=memory_limit_gb, collective_timeout=collective_timeout,
+                 worker_timeout=worker_timeout)
+
+
+# ------------------------------------------------------------------------------- notebook 09
+MP_HIDDEN_09 = {'cpu': 256, 'cuda': 4096}  # the width tensor parallelism splits (TP, mesh)
+MP_TOKENS_09 = {'cpu': (4, 32), 'cuda': (8, 512)}  # (batch, sequence) of the TP lesson
+MP_PP_WIDTHS_09 = (1024, 768, 512, 384, 256)  # pipeline layer widths for CPUs, widest first
+MP_PP_GPU_WIDTH_09 = 2048      # every rank builds the whole stack, float32 and float64
+MP_PP_ROWS_PER_MICROBATCH_09 = 64  # rows of the largest m's micro-batches
+MP_LAYERS_PER_STAGE_09 = 4      # model_parallel.PP_DEFAULTS['layers_per_rank']
+# A pipeline step on a CPU process, against its share of the probe's matmul rate: small
+# micro-batches and the schedule's bookkeeping reach about 60% of it (fitted on 2 cores,
+# width 1024, 64-row micro-batches).
+MP_CPU_EFFICIENCY_09 = 0.6
+MP_GPU_STEP_S_09 = 0.02         # launches, Python and messages per pipeline step on GPUs
+MP_FIXED_S_09 = 12              # kernel, imports, the probe, the forkserver, plots
+MP_RUN_S_09 = 1.0               # starting one run's processes from the forkserver, per core
+MP_MESH_S_09 = 2.0              # the mesh lesson's training, per process on 2 cores
+
+
+def mesh_shape_09(num_gpus):
+    """The 2-D mesh for num_gpus processes: 2 data-parallel groups of num_gpus / 2 tensor-
+    parallel ranks where num_gpus is even and at least 4; otherwise (1, num_gpus), tensor
+    parallelism alone, since no mesh with both sides of 2 or more has num_gpus ranks."""
+    return (2, num_gpus // 2) if num_gpus >= 4 and num_gpus % 2 == 0 else (1, num_gpus)
+
+
+def plan_09(machine, num_gpus=4, tp_degree=None, pp_stages=None, mesh_shape=None,
+            microbatches=None, pp_steps=3):
+    """Notebook 09: how many processes each lesson runs on, the width tensor parallelism splits,
+    the pipeline's width and batch, and the backend.
+
+    With a GPU for every process the lessons run on GPUs with nccl; otherwise on CPU processes
+    over gloo, sized to the CPU's budget. The tensor-parallel lesson and the mesh are small on
+    every machine: what they teach (equal results, bytes counted against the papers) does not
+    grow with the width. The pipeline's idle share does: each micro-batch must compute long
+    enough that the schedule's bookkeeping and messages do not swamp it, so its layers are the
+    widest that fit. On a CPU every stage needs a core of its own to compute while the others
+    do, so the pipeline has at most as many stages as the CPU has cores."""
+    cores = machine.host_cores
+    on_gpus = machine.on_gpu and machine.gpus >= num_gpus
+    where = 'cuda' if on_gpus else 'cpu'
+    t = tp_degree or num_gpus
+    p = pp_stages or (num_gpus if on_gpus else max(1, min(num_gpus, cores)))
+    dp_tp = tuple(mesh_shape or mesh_shape_09(num_gpus))
+    ms = sorted(set(microbatches or (p, 2 * p, 4 * p)))
+    lcm_tp = math.lcm(t, dp_tp[1])
+    hidden = math.ceil(MP_HIDDEN_09[where] / lcm_tp) * lcm_tp
+    batch, seq = MP_TOKENS_09[where]
+    seq = math.ceil(seq / t) * t  # sequence parallelism gives each rank 1/t of the sequence
+    pp_batch = max(ms) * MP_PP_ROWS_PER_MICROBATCH_09
+    runs = 3 + (p >= 2)  # sections' runs of processes, and the exercises'
+    fixed = MP_FIXED_S_09 + runs * MP_RUN_S_09 * max(1, num_gpus / cores)
+    mesh = MP_MESH_S_09 * math.prod(dp_tp) * max(1, 2 / cores)
+    steps = (2 * len(ms) + 1) * (pp_steps + 1) + (2 if p >= 2 else 0)  # + 05's reference
+
+    def seconds(width):
+        flops = 3 * 2 * pp_batch * width**2 * MP_LAYERS_PER_STAGE_09
+        if on_gpus:
+            step = flops / machine.flops + MP_GPU_STEP_S_09 * max(ms)
+        else:
+            step = flops / (MP_CPU_EFFICIENCY_09 * machine.host_flops / cores) * max(1, p / cores)
+        return fixed + mesh + steps * step
+
+    limit = budget('09', machine) * 0.7  # headroom for a machine busy with other work
+    width = (MP_PP_GPU_WIDTH_09 if on_gpus else
+             largest_fitting(MP_PP_WIDTHS_09, seconds, limit))
+    values = {'tp_degree': t, 'pp_stages': p, 'mesh_shape': dp_tp, 'microbatches': ms,
+              'hidden': hidden, 'pp_width': width, 'pp_batch': pp_batch, 'tp_batch': batch,
+              'tp_seq': seq, 'backend': 'nccl' if on_gpus else 'gloo'}
+    over = (f' Even that takes about {seconds(width):.0f} s here, beyond the {limit:.0f} s '
+            'planned: this machine is slow or busy.' if seconds(width) > limit else '')
+    why = (f'Pipeline layers {width} wide, micro-batches of {MP_PP_ROWS_PER_MICROBATCH_09} '
+           f'rows at m={max(ms)}: the widest whose runs fit {limit:.0f} s here (about '
+           f'{seconds(width):.0f} s planned); hidden={hidden} for tensor parallelism (it must '
+           f'divide by {lcm_tp}).{over}')
+    params = 2 * hidden * (hidden // 4) + zero_parameters(hidden)
+    # each rank builds the whole stack of 4p layers twice (its copy and the single-process
+    # reference), in float32 and float64: 2 x 12 bytes a weight
+    stack = 2 * 12 * MP_LAYERS_PER_STAGE_09 * p * width**2
+    return Plan(values, seconds(width), why=why,
+                device_bytes=int(2 * 16 * params + stack) if on_gpus else 0,
+                host_bytes=int(num_gpus * (400 * 2**20 + 16 * params + stack)))
+
+
+def setup_09(*, num_gpus=4, tp_degree=None, pp_stages=None, mesh_shape=None,
+             microbatches=None, hidden=None, pp_width=None, pp_steps=3, collective_timeout=60,
+             worker_timeout=180):
+    """Notebook 09's setup: every parameter checked (a ValueError naming it, before any process
+    starts), a layout that cannot work refused by name (a tensor-parallel degree that does not
+    divide `hidden`, a mesh or a pipeline with more ranks than num_gpus, fewer micro-batches
+    than stages), then the sizes planned for this machine (plan_09) and each lesson's worker
+    settings: `tp_config`, `pp_config`, `mesh_config`."""
+
+    helpers.check_int('num_gpus', num_gpus)
+    for name, value in (('tp_degree', tp_degree), ('pp_stages', pp_stages)):
+        helpers.check_int(name, value, allow_none=True)
+        if value is not None and value > num_gpus:
+            raise ValueError(f'{name}={value} needs {value} processes, but num_gpus={num_gpus}')
+    if mesh_shape is not None:
+        mesh_shape = helpers.check_list('mesh_shape', mesh_shape, helpers.check_int)
+        if len(mesh_shape) != 2:
+            raise ValueError(f'mesh_shape must be two sizes (data-parallel, tensor-parallel), '
+                             f'got {mesh_shape!r}')
+        if math.prod(mesh_shape) > num_gpus:
+            raise ValueError(f'mesh_shape={tuple(mesh_shape)} needs {math.prod(mesh_shape)} '
+                             f'processes, but num_gpus={num_gpus}')
+    if microbatches is not None:
+        microbatches = helpers.check_list('microbatches', microbatches, helpers.check_int)
+        if not microbatches:
+            raise ValueError('microbatches is empty: give at least one count m, or None')
+    helpers.check_int('hidden', hidden, allow_none=True)
+    helpers.check_int('pp_width', pp_width, allow_none=True)
+    helpers.check_int('pp_steps', pp_steps)
+    helpers.check_int('collective_timeout', collective_timeout)
+    helpers.check_int('worker_timeout', worker_timeout)
+    machine = probe()
+    plan = plan_09(machine, num_gpus, tp_degree, pp_stages, mesh_shape, microbatches, pp_steps)
+    t, p, (dp, mesh_tp) = plan['tp_degree'], plan['pp_stages'], plan['mesh_shape']
+    for name, degree in (('tp_degree', t), ('mesh_shape', mesh_tp)):
+        if hidden is not None and hidden % degree:
+            raise ValueError(f'hidden={hidden} does not divide into {degree} equal parts: '
+                             f'the tensor-parallel degree of {name} ({degree}) must divide it')
+    if min(plan['microbatches']) < p:
+        raise ValueError(f'each of microbatches must be at least pp_stages={p}: 1F1B fills the '
+                         f'pipeline with p micro-batches first, got {plan["microbatches"]}')
+    ms = plan['microbatches']
+    pp_batch = math.lcm(*ms) * math.ceil(plan['pp_batch'] / math.lcm(*ms))  # every m divides it
+    gpus = helpers.num_gpus()
+    backend = plan['backend'] if dist.is_nccl_available() else 'gloo'
+    given = [f'{name}={value}' for name, value in (('hidden', hidden), ('pp_width', pp_width))
+             if value is not None]
+    hidden = hidden or plan['hidden']
+    common = {'backend': backend, 'timeout': collective_timeout}
+    tp_config = {**common, 'hidden': hidden, 'd_model': max(1, hidden // 4),
+                 'batch': plan['tp_batch'], 'seq': plan['tp_seq']}
+    pp_config = {**common, 'width': pp_width or plan['pp_width'], 'batch': pp_batch,
+                 'microbatches': tuple(ms), 'steps': pp_steps}
+    mesh_config = {**common, 'hidden': hidden, 'mesh_shape': (dp, mesh_tp),
+                   'batch_per_rank': ZERO_BATCH_PER_RANK}
+    cores = os.cpu_count() or 1
+    where = {'nccl': 'each process drives its own GPU, with nccl.',
+             'gloo': f'CPU processes talk through gloo over loopback TCP and share {cores} '
+                     'cores; they stand in for GPUs.'}[backend]
+    why = [f'{num_gpus} process(es); {gpus} GPU(s) found: {where}',
+           f'Tensor parallelism over {t} rank(s), a pipeline of {p} stage(s) at m = {ms}, a '
+           f'{dp} x {mesh_tp} mesh (data-parallel x tensor-parallel).',
+           plan.why if not given else f'{", ".join(given)} as given; the rest as planned.']
+    if pp_stages is None and p < num_gpus:
+        why.append(f'The pipeline has {p} stages, not {num_gpus}: a stage computes while the '
+                   f'others do only on a core of its own, and this CPU has {cores}; pass '
+                   f'pp_stages={num_gpus} to run more stages on shared cores.')
+    if mesh_shape is None and dp == 1:
+        why.append(f'{num_gpus} process(es) make no mesh with two or more ranks on both sides: '
+                   f'the mesh lesson runs tensor parallelism alone on a 1 x {mesh_tp} mesh.')
+    if gpus and backend == 'gloo':
+        why.append(f'{gpus} GPU(s) are fewer than {num_gpus} processes: num_gpus={gpus} runs '
+                   'on the GPUs, with nccl.')
+    return Setup(why, machine=machine, plan=plan, num_gpus=num_gpus, gpus_found=gpus,
+                 backend=backend, cores=cores, tp_degree=t, pp_stages=p, dp=dp, mesh_tp=mesh_tp,
+                 microbatches=ms, hidden=hidden, tp_config=tp_config, pp_config=pp_config,
+                 mesh_config=mesh_config, pp_steps=pp_steps,
+                 collective_timeout=collective_timeout, worker_timeout=worker_timeout)

@@ -106,14 +106,15 @@ class Comparison:
 
     @property
     def ratio(self):
-        """b's median over a's: for times, how many times faster a ran than b."""
-        return self.b_median / self.a_median
+        """b's median over a's: for times, how many times faster a ran than b (inf when a's
+        median is 0, nan when both are)."""
+        return _divide(self.b_median, self.a_median)
 
     @property
     def factor(self):
         """The larger median over the smaller (1 or more)."""
         hi, lo = max(self.a_median, self.b_median), min(self.a_median, self.b_median)
-        return hi / lo if lo > 0 else math.inf
+        return _divide(hi, lo)
 
     @property
     def repeated(self):
@@ -149,11 +150,19 @@ class Comparison:
         outcome = ('ratio' if self.unit != 's' else
                    'faster' if self.a_median < self.b_median else 'slower')
         return _sentence(TEMPLATES[outcome].format(
-            a=self.a, b=self.b, x=x, y=y, factor=self.factor, ratio=1 / self.ratio,
+            a=self.a, b=self.b, x=x, y=y, factor=self.factor,
+            ratio=_divide(self.a_median, self.b_median),
             evidence=EVIDENCE['repeats' if self.repeated else 'single']))
 
     def __str__(self):
         return self.verdict
+
+
+def _divide(x, y):
+    """x / y, with x / 0 as inf (nan for 0 / 0): a median of zero must not crash a verdict."""
+    if y == 0:
+        return math.nan if x == 0 else math.copysign(math.inf, x)
+    return x / y
 
 
 def _sentence(text):

@@ -14,6 +14,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / 'notebooks'
+_spec = importlib.util.spec_from_file_location('execute', ROOT / 'scripts' / 'execute.py')
+_execute_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_execute_script)
+KERNELS = _execute_script.KERNELS  # kernels with encrypted sockets, as jupyter advises
 EXECUTED = ROOT / 'build' / 'executed'   # where `make run` and nbmake leave executed notebooks
 RESULTS = ROOT / 'build' / 'results'     # where notebooks record results by default
 CHROMIUM = shutil.which('chromium') or '/usr/bin/chromium'
@@ -29,18 +33,23 @@ def _keep_nbmake_runs():
         from nbmake import nb_run
     except ImportError:
         return
-    execute = nb_run.NotebookRun.execute
-    if getattr(execute, 'keeps_runs', False):
+    run = nb_run.NotebookRun.execute
+    if getattr(run, 'keeps_runs', False):
         return
 
+    class Client(nb_run.NotebookClient):  # nbmake's client, its kernels started with KERNELS
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, config=KERNELS, **kwargs)
+
     def execute_and_keep(self):
-        result = execute(self)
+        result = run(self)
         path = Path(self.filename).resolve()
         if result.error is None and path.parent == NOTEBOOKS:
             _default_runs[path.stem] = _save(result.nb, EXECUTED / path.name)
         return result
     execute_and_keep.keeps_runs = True
     nb_run.NotebookRun.execute = execute_and_keep
+    nb_run.NotebookClient = Client
 
 
 def keep_default_run(nb, name):
@@ -61,6 +70,14 @@ def _save(nb, path):
 _keep_nbmake_runs()
 
 
+def load_script(name):
+    """scripts/<name>.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / 'scripts' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def browser_missing():
     """Why the browser tests cannot run here, or None when Chromium and Playwright are there."""
     if not Path(CHROMIUM).exists():
@@ -70,11 +87,31 @@ def browser_missing():
     return None
 
 
+MARKERS = {  # marker -> what makes a test carry it (registered in pyproject.toml)
+    'notebook': lambda item, fixtures: item.path.suffix == '.ipynb'
+    or bool({'run_notebook', 'default_run'} & fixtures),
+    'browser': lambda item, fixtures: bool({'lab', 'chromium'} & fixtures),
+    'cluster': lambda item, fixtures: item.path.name == 'test_cluster.py',
+}
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Tests that read a notebook's default run go after the notebooks, so that they read the
-    run nbmake just made instead of starting their own. A notebook that the browser test runs
-    in JupyterLab (at its defaults, as a learner does) is not run a second time by nbmake:
-    the JupyterLab run is kept as its default run (keep_default_run)."""
+    """First, mark each test by what it runs, so that `-m` selects a subset by name: `notebook`
+    (nbmake's runs of the notebooks, papermill runs, the tests that read a default run),
+    `browser` (JupyterLab and the site in Chromium), `cluster` (emulated hosts).
+
+    Then (after `-m` and `-k` have deselected what was not asked for): tests that read a
+    notebook's default run go after the notebooks, so that they read the run nbmake just made
+    instead of starting their own. A notebook that the browser test runs in JupyterLab (at its
+    defaults, as a learner does) is not run a second time by nbmake: the JupyterLab run is kept
+    as its default run (keep_default_run)."""
+    for item in items:
+        fixtures = set(getattr(item, 'fixturenames', ()))
+        for name, applies in MARKERS.items():
+            if applies(item, fixtures):
+                item.add_marker(name)
+    result = yield
     browser = browser_missing() is None
     in_lab = {i.callspec.params['name'] for i in items if browser
               and getattr(i, 'originalname', '') == 'test_notebook_runs_to_the_end_in_jupyterlab'}
@@ -83,6 +120,7 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=twice)
     late = [i for i in items if 'default_run' in getattr(i, 'fixturenames', ())]
     items[:] = [i for i in items if i not in late and i not in twice] + late
+    return result
 
 
 def _execute(name, out_dir, parameters):
@@ -97,7 +135,7 @@ def _execute(name, out_dir, parameters):
         papermill.execute_notebook(
             str(NOTEBOOKS / f'{name}.ipynb'), str(out_dir / f'{name}.ipynb'),
             parameters={**parameters, 'results_dir': str(results_dir)},
-            cwd=str(NOTEBOOKS), kernel_name='python3', progress_bar=False)
+            cwd=str(NOTEBOOKS), kernel_name='python3', progress_bar=False, config=KERNELS)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -138,7 +176,8 @@ def refusal():
     setup cell (the first code cell after its parameters, where every parameter is checked
     before any work starts): a refusal costs a fraction of a second instead of a kernel start."""
     from jupyter_client.manager import start_new_kernel
-    km, kc = start_new_kernel(kernel_name='python3', cwd=str(NOTEBOOKS))
+    km, kc = start_new_kernel(kernel_name='python3', cwd=str(NOTEBOOKS),
+                              **KERNELS.KernelManager)  # transport_encryption
     last = [None]
 
     def run(name, **parameters):

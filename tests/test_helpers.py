@@ -474,3 +474,69 @@ def test_synthetic_data_is_cached_on_disk_and_a_bad_cache_is_redrawn(tmp_path, m
     third = d2l._synthetic_cached()
     assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(first, third))
     assert [p.name for p in tmp_path.iterdir()] == [cache.name]  # no temporary files left
+
+
+# ------------------------------------------------ GPU helpers (notebooks 02 and 03 use them)
+def test_device_timer_times_the_block_on_a_cpu():
+    with d2l.device_timer('cpu') as t:
+        torch.randn(256, 256) @ torch.randn(256, 256)
+    assert 0 < t['seconds'] < 5
+
+
+def test_pinned_buffers_say_why_not_and_leave_nothing(monkeypatch):
+    if not torch.cuda.is_available():
+        buffers, why = d2l.pinned_buffers(2, (4, 4))
+        assert buffers is None and 'no CUDA device' in why
+    made = []
+
+    def refuse_the_third(*args, **kwargs):
+        if len(made) == 2:
+            raise RuntimeError('CUDA error: out of memory\nmore detail')
+        made.append(torch.zeros(*args[:1]))
+        return made[-1]
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch, 'empty', refuse_the_third)
+    buffers, why = d2l.pinned_buffers(4, (4, 4))
+    assert buffers is None and why == 'pin_memory failed: CUDA error: out of memory'
+    with pytest.raises(ValueError, match='count'):
+        d2l.pinned_buffers(0, (4, 4))
+
+
+def test_peak_memory_is_none_on_a_cpu_and_try_script_gives_reasons():
+    with d2l.peak_memory('cpu') as peak:
+        torch.zeros(1000)
+    assert peak['bytes'] is None
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+    scripted, why = d2l.try_script(double)
+    assert why is None and torch.equal(scripted(torch.ones(2)), torch.full((2,), 2.0))
+
+    def unscriptable(x):
+        return {frozenset([1]): x}  # TorchScript has no frozenset
+    scripted, why = d2l.try_script(unscriptable)
+    assert scripted is None and why.startswith('torch.jit.script failed')
+
+
+def test_measure_in_turns_alternates_and_keeps_every_round():
+    calls = []
+    fns = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
+    m = d2l.measure_in_turns(fns, warmup=1, repeats=3)
+    assert calls == ['a', 'b'] + ['a', 'b'] * 3, 'warm-up, then one call of each per round'
+    assert set(m) == {'a', 'b'} and all(len(x.times) == 3 and x.label == k for k, x in m.items())
+    calls.clear()
+    m = d2l.measure_in_turns({'a': fns['a']}, warmup=0, repeats=2, min_time=0.005)
+    assert len(calls) > 3, 'min_time calls a fast function several times per timing'
+    assert all(t > 0 for t in m['a'].times)
+    for bad in ({'warmup': -1}, {'repeats': 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            d2l.measure_in_turns(fns, **bad)
+    with pytest.raises(ValueError, match='at least one function'):
+        d2l.measure_in_turns({})
+
+
+def test_cores_busy_counts_this_processs_cpu_time_over_the_wall_time():
+    assert d2l.cores_busy(lambda: time.sleep(0.01), seconds=0.05) < 0.5, 'sleeping is not busy'
+    assert d2l.cores_busy(lambda: sum(range(10_000)), seconds=0.05) > 0.2, 'a Python loop is'
+    with pytest.raises(ValueError, match='seconds'):
+        d2l.cores_busy(lambda: None, seconds=0)

@@ -1,4 +1,5 @@
 """The shared parts of sizing.py: the probe, its GPU path (simulated here), and Setup."""
+import contextlib
 from types import SimpleNamespace
 
 import torch
@@ -14,7 +15,7 @@ def test_probe_plans_several_gpus_as_the_slowest_and_caps_a_boosting_t4(monkeypa
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     monkeypatch.setattr(torch.cuda, 'get_device_properties', lambda i: cards[i])
-    monkeypatch.setattr(sizing, '_no_tf32', lambda: sizing._threads(torch.get_num_threads()))
+    monkeypatch.setattr(sizing, '_no_tf32', contextlib.nullcontext)
     monkeypatch.setattr(sizing, '_matmul_flops', lambda device, n, seconds, windows=5,
                         warmup_s=0.0: measured.get(str(device), 1e11))
     sizing.probe.cache_clear()

@@ -130,3 +130,10 @@ def test_fit_line_robust_ignores_an_outlier_that_tilts_least_squares():
         stats.fit_line_robust([2, 2], [1.0, 3.0])
     with pytest.raises(ValueError, match='two or more'):
         stats.fit_line_robust([1], [1.0])
+
+
+def test_a_zero_median_gives_a_verdict_instead_of_a_crash():
+    c = stats.compare([0.0, 0.0], [1.0, 1.1], 'nothing', 'something', unit='')
+    assert c.differs and c.ratio == float('inf') and 'measured 0.00x' in c.verdict
+    same = stats.compare([0.0], [0.0], 'a', 'b', unit='')
+    assert not same.differs and same.verdict.startswith('No difference measured')
