@@ -1,13 +1,24 @@
-"""Notebook 04 (hardware): what its default run recorded, its refusals, and its sizing plan.
+"""Notebook 04 (hardware): what its default run recorded, its refusals, its sizing plan, and
+its modules (caches, roofline, storage).
 
-Timings are never compared with fixed numbers. The claims checked hold on any machine: every
-rate is positive and below the stated peak where one is known, the working sets reach past the
-last-level cache, a dependent read from main memory is much slower than one from L1, loss
-scaling rescues fp16 gradients, and the plan fits the budgets of the machines it describes."""
+Timings are never compared with fixed numbers. The claims checked hold on any machine: the
+machine probe is recorded with what the system and the per-cycle table say, every rate is
+positive and below the stated peak where one is known (and needs a clock no CPU has where the
+maximum clock is only assumed), the working sets reach past the last-level cache, a dependent
+read from main memory is much slower than one from L1, loss scaling rescues fp16 gradients,
+and the plan fits the budgets of the machines it describes."""
+import math
+import os
+import shutil
+
 import pytest
 import torch
 
+import caches
+import hardware
+import roofline
 import sizing
+import storage
 
 ON_GPU = torch.cuda.is_available()
 NAME = '04_hardware'
@@ -18,11 +29,35 @@ def results(default_run):
     return default_run(NAME)[1]
 
 
+def test_04_records_the_machine_probe(results):
+    machine = results['machine']
+    assert machine['microarchitecture'] == hardware.microarchitecture().name
+    assert machine['fp32_flops_per_cycle'] == hardware.flops_per_cycle('float32')
+    info = hardware.cpu_info()
+    assert machine['physical_cores'] == info.physical_cores
+    assert machine['smt_siblings'] == info.smt_siblings >= 1
+    scaling = machine['two_thread_scaling']
+    assert set(scaling) >= {'compute', 'latency'}
+    # two threads do at most twice the work of one (more only within timing noise)
+    assert all(0 < v < 3 for v in scaling.values()), scaling
+    kind, sentence = hardware.what_the_cores_are(scaling, machine['logical_cores'],
+                                                 machine['others_share'] or 0.0)
+    assert (machine['cores'], machine['cores_sentence']) == (kind, sentence)
+
+
 def test_04_throughput_is_positive_and_below_the_stated_peaks(results):
+    cpu, clock = results['cpu'], results['clock']
+    assumed_max = cpu['max_clock'].startswith('assumed')
     for name, m in results['matmul'].items():
         assert m['gflops'] > 0 and m['n'] >= 16, name
-        if m['peak_gflops'] is not None:  # the maximum-clock (or stated) peak bounds it
-            assert m['gflops'] < m['peak_gflops'], (name, m)
+        if ON_GPU or not assumed_max:  # a stated peak, or a reported maximum clock, bounds it
+            assert m['peak_gflops'] is None or m['gflops'] < m['peak_gflops'], (name, m)
+        elif m['peak_nominal_gflops'] is not None:  # the peaks follow the per-cycle table
+            cores = cpu['physical_cores'] or cpu['logical_cores']
+            expected = hardware.flops_per_cycle(name) * cores * cpu['nominal_ghz']
+            assert math.isclose(m['peak_nominal_gflops'], expected), (name, m)
+    if not ON_GPU and clock['implied_ghz'] is not None:  # no CPU core runs at 6 GHz
+        assert 0 < clock['implied_ghz'] < 6, clock
     for where, bw in results['memory'].items():
         assert bw['copy_gbs'] > 0 and bw['read_gbs'] > 0, where
         if bw['peak_gbs'] is not None:
@@ -71,6 +106,9 @@ def test_04_loss_scaling_rescues_fp16_gradients(results):
 def test_04_storage_and_latency_numbers_are_positive(results):
     s = results['storage']
     assert s['seq_mb_s'] > 0 and s['rand_4k_iops'] > 0 and s['random_reads'] > 0
+    # one request at a time: IOPS is one over the latency
+    assert math.isclose(s['rand_4k_iops'] * s['rand_4k_latency_s'], 1)
+    assert s['rand_4k_iops_in_flight'] > 0 and s['in_flight'] > 1
     assert isinstance(s['bypassed_page_cache'], bool) and s['method']
     assert all(t > 0 for t in results['latency_s'].values())
     assert all(t > 0 for t in results['dispatch_s'].values())
@@ -125,6 +163,7 @@ def test_plan_04_fits_the_budgets_of_described_machines(machine_name, rates):
     assert plan['max_working_set_mb'] * 2**20 >= 4 * 32 * 2**20
     assert plan['bandwidth_mb'] * 2**20 >= 4 * 32 * 2**20
     assert plan['thread_counts'][0] == 1 and plan['thread_counts'][-1] == machine.host_cores
+    assert plan['exercise_mb'] <= plan['bandwidth_mb']
     assert plan.why
 
 
@@ -159,3 +198,89 @@ def test_plan_04_sizes_memory_from_the_last_level_cache():
 def test_plan_04_refuses_rates_that_are_not_positive():
     with pytest.raises(ValueError, match='matmul_flops'):
         sizing.plan_04(sizing.DESCRIBED['cpu-2core'], {'float32': 0})
+
+
+def test_04_cache_steps_and_the_roofline_are_read_as_measured(results):
+    steps = results['cache_steps']
+    sizes = results['cache_curve']['bytes']
+    assert all(s['before'] < s['after'] and s['before'] in sizes for s in steps)
+    caches_reported = results['cpu']['caches']
+    assert all(s['level'] is None or s['level'] in caches_reported for s in steps)
+    reading = results['past_last_step']
+    assert reading['bytes'] in sizes and isinstance(reading['streams_faster'], bool)
+    if steps:
+        assert reading['bytes'] == steps[-1]['after']
+    # notebook 04 says float32's roof is borrowed only on a CPU, and only where it is
+    borrowed = results['roofline']['borrowed_roof']
+    if ON_GPU:
+        assert borrowed == []
+    for p in borrowed:
+        assert hardware.flops_per_cycle(p) == hardware.flops_per_cycle('float32')
+
+
+# ------------------------------------------------------------------ notebook 04's modules
+def test_cache_steps_are_named_after_the_reported_size_they_match():
+    sizes = [2**k for k in range(14, 25)]               # 16 KiB to 16 MiB
+    latency = [1, 1, 4, 4, 4, 4, 4, 12, 30, 31, 31]       # jumps after 32 KiB and 1-4 MiB
+    assert caches.steps(sizes, latency) == [(2**15, 2**16), (2**20, 2**22)]
+    named = caches.name_steps(sizes, latency, {'L1': 48 * 2**10, 'L2': 2**21})
+    assert [s['level'] for s in named] == ['L1', 'L2']
+    far = caches.name_steps(sizes, latency, {'L1': 48 * 2**10, 'L3': 480 * 2**20})
+    assert far[1]['level'] is None and far[1]['meaning'] == 'no reported cache within 2x'
+    assert caches.name_steps(sizes, latency, {})[0]['level'] is None  # caches unknown
+    assert caches.past_last_step(sizes, named) == 2**22
+    assert caches.past_last_step(sizes, []) == sizes[-1]
+
+
+def test_borrow_reuses_a_large_enough_buffer_and_copies_nothing():
+    buffer = torch.ones(1024)
+    chain = caches.borrow(buffer, 2048, torch.int64)
+    assert chain.dtype == torch.int64 and chain.numel() == 256
+    assert chain.data_ptr() == buffer.data_ptr()
+    fresh = caches.borrow(buffer, 2**20, torch.int64)
+    assert fresh.numel() == 2**17 and fresh.data_ptr() != buffer.data_ptr()
+
+
+CHASE_C = """
+#include <stdint.h>
+int64_t chase(const int64_t *next, int64_t i, int64_t steps) {
+    while (steps-- > 0)
+        i = next[i];
+    return i;
+}"""
+
+
+def test_the_chase_follows_a_cycle_compiled_or_not():
+    chain = torch.tensor([2, 0, 3, 1], dtype=torch.int64)  # 0 -> 2 -> 3 -> 1 -> 0
+    compiled = caches.compile_chase(CHASE_C)
+    python = caches.compile_chase('not C at all')  # no compiler can build it: Python's loop
+    assert 'Python' in python.method
+    if any(shutil.which(c) for c in ('cc', 'gcc', 'clang')):
+        assert 'C loop' in compiled.method and compiled.steps > python.steps
+    for chase in (compiled, python):
+        assert chase.run(chain, 0, 4) == 0 and chase.run(chain, 0, 2) == 3
+
+
+def test_roofline_bound_and_equal_roofs():
+    assert roofline.matmul_intensity(2048, 4) == pytest.approx(2 * 2048 / 12)
+    assert roofline.bound(0.25, 100.0, 40.0) == 10.0      # left of the knee: the slope
+    assert roofline.bound(1000, 100.0, 40.0) == 100.0     # right of it: the peak
+    assert roofline.bound(0.25, None, 40.0) == 10.0       # no peak known: the slope alone
+    grouped = roofline.shared_roofs({'float64': 67e3, 'float32': 67e3, 'bfloat16': 989e3,
+                                     'float16': None})
+    assert grouped == {67e3: ['float64', 'float32'], 989e3: ['bfloat16']}
+
+
+def test_scratch_file_is_read_and_removed():
+    scratch = storage.ScratchFile(1)
+    assert scratch.path.stat().st_size == 2**20
+    fd, how, why = storage.open_uncached(scratch.path)
+    try:
+        buffer = storage.aligned_buffer(storage.BLOCK)
+        assert storage.read_at(fd, buffer, 5 * storage.BLOCK) == storage.BLOCK
+        assert bytes(buffer) == scratch.path.read_bytes()[5 * storage.BLOCK:6 * storage.BLOCK]
+        assert storage.describe(how, why)
+    finally:
+        os.close(fd)
+    scratch.close()
+    assert not scratch.path.exists()
