@@ -1,12 +1,15 @@
-"""Worker processes for notebook 05: LeNet cut into a two-stage pipeline, and the time that two
-processes take to all-reduce a gradient (the lecture's t2).
+"""Notebook 05's module: LeNet cut into a two-stage pipeline that runs in two worker processes,
+the time two processes take to all-reduce a gradient (the lecture's t2), and the plumbing the
+notebook's cells call (precision settings, parameter distances, the pipeline's idle time, plots).
 
-The notebook starts them with `launch.run_workers(pipeline.worker, 2, ...)`. Spawned processes
-import the function they run, so it lives in this module, not in the notebook. run_workers gives
-each process its share of the cores (one each on a 2-core machine), so the two stages really
-compute at the same time, and they exchange activations and gradients through gloo, as two
-devices would through their link.
+The notebook starts the workers with `launch.run_workers(pipeline.worker, 2, ...)`. Spawned
+processes import the function they run, so it lives in this module, not in the notebook.
+run_workers gives each process its share of the cores (one each on a 2-core machine), so the two
+stages really compute at the same time, and they exchange activations and gradients through
+gloo, as two devices would through their link. The lesson code (`pipeline_step`) is shown in
+the notebook with inspect.getsource.
 """
+import contextlib
 import time
 
 import torch
@@ -16,6 +19,7 @@ from torch.nn import functional as F
 import launch
 
 STAGE0_PARAMS = 2  # params[:2] (conv1) belong to stage 0, params[2:] to stage 1
+ALLREDUCE_CALLS = 4  # all-reduces timed back to back, per repeat
 
 
 def stage0(X, params):
@@ -76,19 +80,23 @@ def pipeline_step(rank, params, X, y, m, activation_shape):
 
 
 def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels, repeats):
-    """Rank 0 holds stage 0, rank 1 stage 1. One warm-up step, then `steps` timed steps for each
-    m in `microbatches`. Then all-reduce tensors of each size in `allreduce_numels` (floats),
-    `repeats` times. Returns {'events': {m: [step's events, ...]}, 'grads': {m: this stage's
-    gradients after one step}, 'bytes_sent': {m: bytes per step}, 'allreduce_s': {numel:
-    median seconds}}."""
+    """Rank 0 holds stage 0, rank 1 stage 1. For each m in `microbatches`: one warm-up step (the
+    first step at a new micro-batch size pays for allocations and for choosing the kernels of
+    those shapes, which are not the schedule), then `steps` timed steps. Then all-reduce tensors
+    of each size in `allreduce_numels` (floats), `repeats` times after one warm-up, each time
+    as the mean of ALLREDUCE_CALLS calls in a row (a barrier releases the two ranks a moment
+    apart, and a single call would count that moment as latency). Returns
+    {'events': {m: [step's events, ...]}, 'grads': {m: this stage's gradients after one step},
+    'bytes_sent': {m: bytes per step}, 'allreduce_s': {numel: median seconds},
+    'allreduce_times': {numel: [seconds of each repeat]}}."""
     launch.init_distributed(backend='gloo', timeout=60)
     with torch.no_grad():  # the shape stage 1 receives, from one example
         activation_shape = stage0(X[:1], params[:STAGE0_PARAMS]).shape[1:]
     mine = params[:STAGE0_PARAMS] if rank == 0 else params[STAGE0_PARAMS:]
     mine = [p.detach().clone().requires_grad_() for p in mine]
-    out = {'events': {}, 'grads': {}, 'bytes_sent': {}, 'allreduce_s': {}}
-    runs = [(microbatches[0], None)] + [(m, step) for m in microbatches for step in range(steps)]
-    for m, step in runs:  # step None: warm-up (allocations, connections), not recorded
+    out = {'events': {}, 'grads': {}, 'bytes_sent': {}, 'allreduce_s': {}, 'allreduce_times': {}}
+    runs = [(m, step) for m in microbatches for step in [None, *range(steps)]]
+    for m, step in runs:  # step None: this m's warm-up, not recorded
         dist.barrier()  # both stages start the step together
         events, sent = pipeline_step(rank, mine, X, y, m, activation_shape)
         if step == 0:
@@ -103,10 +111,152 @@ def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels
         dist.all_reduce(buffer)  # warm-up: connections, buffers
         times = []
         for _ in range(repeats):
-            dist.barrier()
+            dist.barrier()  # the ranks leave it a moment apart: spread that over a few calls
             start = time.perf_counter()
-            dist.all_reduce(buffer)
-            times.append(time.perf_counter() - start)
+            for _ in range(ALLREDUCE_CALLS):
+                dist.all_reduce(buffer)
+            times.append((time.perf_counter() - start) / ALLREDUCE_CALLS)
+        out['allreduce_times'][numel] = times
         out['allreduce_s'][numel] = sorted(times)[len(times) // 2]
     dist.barrier()
     return out
+
+
+# ------------------------------------------------------------- used by the notebook's cells
+@contextlib.contextmanager
+def gpu_precision(tf32_convolutions):
+    """cuDNN convolutions in TF32 (torch's default) or in full fp32, matrix products in fp32
+    (torch's default); the previous settings come back afterwards. No effect on a CPU.
+    Matrix products go through set_float32_matmul_precision, which sets torch's old and new
+    TF32 settings together (reading the old `matmul.allow_tf32` flag warns on torch 2.9)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    torch.backends.cudnn.allow_tf32 = tf32_convolutions
+    torch.set_float32_matmul_precision('highest')
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+
+
+def max_difference(a, b):
+    """The largest |a_i - b_i| over two lists of tensors (parameters), wherever they live."""
+    return max(((x.detach().cpu().double() - y.detach().cpu().double()).abs().max().item()
+                for x, y in zip(a, b)), default=0.0)
+
+
+def idle_share(events):
+    """(idle share of the step, busy seconds of each stage) from one step's compute intervals
+    per rank: each stage's busy time against the step's whole span, from the first start on
+    any rank to the last end."""
+    span = max(e[1] for ev in events for e in ev) - min(e[0] for ev in events for e in ev)
+    busy = [sum(e[1] - e[0] for e in ev) for ev in events]
+    return 1 - sum(busy) / (len(busy) * span), busy
+
+
+def least_idle_step(workers, m):
+    """(idle share, busy seconds per stage, events per rank) of the timed step with m
+    micro-batches that idled least. On a machine shared with other work a disturbed step only
+    waits longer, so the least idle step is the closest to the schedule itself."""
+    steps = [[w['events'][m][s] for w in workers] for s in range(len(workers[0]['events'][m]))]
+    return min((idle_share(events) + (events,) for events in steps), key=lambda r: r[0])
+
+
+def _legend_below(fig, ax, ncol=3):
+    """The axes' legend under the figure, where it covers no line."""
+    fig.legend(*ax.get_legend_handles_labels(), loc='upper center', ncol=ncol, fontsize=7,
+               bbox_to_anchor=(0.5, 0.02), frameon=False)
+
+
+def plot_scaling(ks, seconds, accuracies, emulated, batch_size):
+    """Seconds per epoch and test accuracy against k; the reference line is the ideal 1/k on
+    real devices, and k=1's time where replicas share one device and take turns."""
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7, 2.6))
+    ax1.plot(ks, [seconds[k] for k in ks], 'o-', label='measured', zorder=3)
+    ideal = [seconds[ks[0]] * ks[0] / k for k in ks]
+    reference = [seconds[ks[0]]] * len(ks) if emulated else ideal
+    label = f'k={ks[0]}: replicas take turns' if emulated else 'ideal (1/k)'
+    ax1.plot(ks, reference, '--', color='gray', label=label)
+    top = 1.2 * max(max(seconds.values()), max(reference))  # room above both lines
+    ax1.set(xlabel='devices k', ylabel='seconds per epoch', xticks=ks, ylim=(0, top))
+    ax2.plot(ks, [accuracies[k] for k in ks], 'o-')
+    ax2.set(xlabel='devices k', ylabel='test accuracy', xticks=ks, ylim=(0, 1))
+    fig.suptitle(f'LeNet, batch {batch_size}, ' + ('emulated replicas' if emulated else 'GPUs'))
+    fig.tight_layout()
+    _legend_below(fig, ax1)
+    return fig
+
+
+def plot_pipeline(timeline, idle, bubble, unequal):
+    """The least idle step at the fewest and the most micro-batches, drawn per stage as forward
+    (blue) and backward (orange) intervals, and the idle share against m beside both models."""
+    import matplotlib.pyplot as plt
+    ms = list(idle)
+    fig, axes = plt.subplots(1, 3, figsize=(10, 2.6), gridspec_kw={'width_ratios': [1, 1, 1.1]})
+    for ax, m in zip(axes, (ms[0], ms[-1])):
+        t0 = min(e[0] for ev in timeline[m] for e in ev)
+        for r, ev in enumerate(timeline[m]):
+            for kind, color, name in (('F', 'tab:blue', 'forward'),
+                                      ('B', 'tab:orange', 'backward')):
+                ax.broken_barh([((e[0] - t0) * 1e3, (e[1] - e[0]) * 1e3) for e in ev
+                                if e[2] == kind], (r - 0.35, 0.7), color=color,
+                               label=name if r == 0 else None)
+        ax.set(yticks=[0, 1], yticklabels=['stage 0', 'stage 1'], xlabel='ms',
+               title=f'm={m}: idle {idle[m]:.0%}')
+        ax.invert_yaxis()
+    axes[2].plot(ms, [idle[m] for m in ms], 'o-', label='measured idle share')
+    axes[2].plot(ms, [bubble[m] for m in ms], 'k--', label='(p-1)/(m+p-1)')
+    axes[2].plot(ms, [unequal[m] for m in ms], 'g:', label='model with unequal stages')
+    axes[2].set_xscale('log', base=2)
+    axes[2].set(xlabel='micro-batches m', ylabel='idle share', xticks=ms, xticklabels=ms,
+                ylim=(0, 1))
+    axes[2].minorticks_off()
+    fig.tight_layout()
+    handles = [h for ax in (axes[0], axes[2]) for h in ax.get_legend_handles_labels()[0]]
+    labels = [t for ax in (axes[0], axes[2]) for t in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles, labels, loc='upper center', ncol=5, fontsize=7,
+               bbox_to_anchor=(0.5, 0.02), frameon=False)
+    return fig
+
+
+def plot_sync_step(t1, t2, t2_by_bytes, latency, bandwidth, gradient_bytes):
+    """Left: t1(b), t2 and the overlapped step max(t1, t2) against the per-device batch.
+    Right: the all-reduce's time against its size, with latency + bytes / bandwidth."""
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 2.8))
+    bs = list(t1)
+    ax1.plot(bs, [t1[b] for b in bs], 'o-', label='t1(b): compute')
+    ax1.axhline(t2, color='r', ls='--', label=f't2: all-reduce of {gradient_bytes / 1e6:.1f} MB')
+    ax1.plot(bs, [max(t1[b], t2) for b in bs], 'k:', label='step, overlapped: max(t1, t2)')
+    ax1.set(xscale='log', yscale='log', xlabel='per-device batch b', ylabel='seconds')
+    sizes = list(t2_by_bytes)
+    ax2.plot(sizes, list(t2_by_bytes.values()), 'o', label='all-reduce, measured')
+    line = [sizes[0] * (sizes[-1] / sizes[0]) ** (i / 49) for i in range(50)]
+    ax2.plot(line, [latency + (s - sizes[0]) / bandwidth for s in line], 'k--',
+             label='latency + bytes / bandwidth')
+    ax2.set(xscale='log', yscale='log', xlabel='bytes all-reduced', ylabel='t2 (s)')
+    fig.tight_layout()
+    handles = [h for ax in (ax1, ax2) for h in ax.get_legend_handles_labels()[0]]
+    labels = [t for ax in (ax1, ax2) for t in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles, labels, loc='upper center', ncol=3, fontsize=7,
+               bbox_to_anchor=(0.5, 0.02), frameon=False)
+    return fig
+
+
+def plot_larger_batch(accuracy, steps, examples, lr):
+    """Test accuracy after the same examples at each global batch, each point labelled with the
+    number of steps it took."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(3.8, 2.6))
+    batches = list(accuracy)
+    ax.plot(batches, [accuracy[B] for B in batches], 'o-')
+    for B in batches:
+        ax.annotate(f'{steps[B]} steps', (B, accuracy[B]), fontsize=7,
+                    textcoords='offset points', xytext=(4, 4))
+    ax.set_xscale('log', base=2)
+    ax.set(xlabel='global batch', ylabel='test accuracy', ylim=(0, 1), xticks=batches,
+           xticklabels=batches, title=f'after {examples:,} examples, lr {lr:g}')
+    ax.minorticks_off()
+    ax.margins(x=0.2)
+    return fig

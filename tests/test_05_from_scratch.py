@@ -1,6 +1,9 @@
-"""Notebook 05: the chapter's equivalence claim, the three ways to split the work, the cost of a
-synchronous step, refusals of bad parameters, a device count (k=3) that does not divide 256, and
-the plan that sizes the defaults."""
+"""Notebook 05: the chapter's equivalence claim, the book's stale allreduce, rounding against k,
+the three ways to split the work, the cost of a synchronous step, the learning-rate scaling,
+refusals of bad parameters, a device count (k=3) that does not divide 256, and the plan and
+setup that size the defaults."""
+import os
+
 import pytest
 
 import sizing
@@ -20,6 +23,7 @@ def test_05_default_run_checks_the_claim_at_each_precision(default_run):
     assert set(r['seconds_per_epoch']) == set(r['test_accuracy']) == {'1', '2'}
     assert all(0 <= a <= 1 for a in r['test_accuracy'].values())
     assert r['fixed_batch_loss_gap'] < 1e-10
+    assert r['replica_spread'] == 0, 'allreduce keeps the replicas bit-identical'
     assert r['sharded_allreduce_max_share'] <= 0.5 + 1e-3, 'shards must balance the bytes'
     if r['gpus_found'] == 0:  # on a CPU the shards' logits are the whole batch's, bit for bit
         assert r['multi_device_accuracy'] == r['single_device_accuracy']
@@ -44,7 +48,8 @@ def test_05_default_run_measures_the_cost_of_a_step(default_run):
     _, r = default_run(NAME)
     sync = r['sync_step']
     t1 = {int(b): s for b, s in sync['t1_s_by_batch'].items()}
-    assert min(t1) == 1 and max(t1) == r['batch_size'] // r['num_gpus']  # 1 ... b per device
+    per_device = r['batch_size'] // r['num_gpus']
+    assert min(t1) == 1 and max(t1) == max(sizing.T1_LARGEST_05, per_device)  # 1 ... 1024
     assert all(s > 0 for s in t1.values())
     assert t1[max(t1)] > t1[min(t1)], 'more examples must take longer'
     assert sync['t2_s'] > 0 and sync['t2_bytes'] == 4 * sizing.LENET_PARAMS
@@ -90,8 +95,8 @@ def test_05_runs_three_devices_on_the_default_batch(run_notebook):
     assert r['sharded_allreduce_max_share'] <= 1 / 3 + 1e-3
 
 
-@pytest.mark.parametrize('machine', ['colab-t4', 'h100'])
-@pytest.mark.parametrize('k', [1, 2, 8])
+@pytest.mark.parametrize('machine, k', [('colab-t4', 1), ('colab-t4', 2), ('h100', 1),
+                                        ('h100', 2), ('h100', 8)])
 def test_plan_05_keeps_the_book_scale_on_gpus(machine, k):
     m = sizing.DESCRIBED[machine]
     plan = sizing.plan_05(m, num_gpus=k, device_counts=sorted({1, k}))
@@ -100,14 +105,100 @@ def test_plan_05_keeps_the_book_scale_on_gpus(machine, k):
     assert plan.device_bytes < m.memory and plan.host_bytes < m.host_memory
 
 
+def test_plan_05_gives_a_t4_emulating_eight_gpus_fewer_epochs_of_all_the_data():
+    """Eight replicas on one T4 launch eight times the kernels a step: the book's ten epochs
+    no longer fit, so the plan keeps all 60,000 examples and trains fewer epochs."""
+    m = sizing.DESCRIBED['colab-t4']
+    plan = sizing.plan_05(m, num_gpus=8, device_counts=[1, 8])
+    assert plan['num_train'] == 60000 and 2 <= plan['num_epochs'] < 10, plan
+    assert plan.seconds <= 0.5 * sizing.budget('05', m), plan
+
+
 @pytest.mark.parametrize('k', [1, 2, 3, 8])
 def test_plan_05_fits_the_cpu_budget_and_shrinks_the_work(k):
     m = sizing.DESCRIBED['cpu-2core']
     plan = sizing.plan_05(m, num_gpus=k, device_counts=sorted({1, k}))
-    assert plan.seconds <= 0.27 * sizing.budget('05', m), plan
+    assert plan.seconds <= sizing.CPU_TRAINING_SHARE_05 * sizing.budget('05', m), plan
     assert plan['num_epochs'] == 2 and 2000 <= plan['num_train'] < 60000
     assert plan['num_train'] >= 4 * 256, 'the larger-batch experiment needs 4 batches'
     assert plan.host_bytes < m.host_memory
     faster = sizing.Machine('fast CPU', 'cpu', flops=1e12, memory=m.memory, host_flops=1e12,
                             host_memory=m.host_memory, host_cores=16)
     assert sizing.plan_05(faster, num_gpus=k)['num_train'] >= plan['num_train']
+
+
+def test_05_default_run_shows_the_stale_allreduce_and_rounding(default_run):
+    _, r = default_run(NAME)
+    stale, right = r['stale_allreduce_one_step']['stale_allreduce'], \
+        r['stale_allreduce_one_step']['allreduce']
+    assert len(stale) == len(right) == r['num_gpus']
+    assert max(right) < 1e-5 and stale[0] < 1e-5, 'device 0 holds the sum in both versions'
+    assert all(d > 1e-4 for d in stale[1:]), 'the other replicas step with their own shard'
+    nudged = r['nudged_start']
+    assert 0 <= nudged['accuracy'] <= 1 and nudged['drift'] > 0, 'a nudge of 1e-7 must grow'
+    assert r['final_parameter_drift'] > 0
+    scaling = r['lr_scaling']  # accuracies of every run at each (batch, learning rate)
+    assert set(scaling) == {'batch 256, lr 0.1', 'batch 1024, lr 0.1', 'batch 1024, lr 0.4'}
+    assert len(scaling['batch 256, lr 0.1']) == 3, 'k=1, k=2 and the nudged run: same work'
+    assert len(scaling['batch 1024, lr 0.4']) == 2, 'two starts: repeats for the noise rule'
+    assert r['scaled_lr_accuracy'] in scaling['batch 1024, lr 0.4']
+
+
+def test_setup_05_resolves_every_parameter_for_this_machine():
+    cfg = sizing.setup_05()
+    assert cfg.batch_size == 256 and cfg.per_device == 128 and cfg.device_counts == [1, 2]
+    assert cfg.global_batches == [64, 256, 1024] and cfg.num_train >= 1024
+    assert cfg.sync_batches == [2**i for i in range(11)], 'the t1 sweep reaches 1024'
+    assert cfg.larger_batch_epochs == min(sizing.LARGER_BATCH_EPOCHS_05, cfg.num_epochs)
+    assert cfg.extra == 1 and cfg.k_exercise == 2
+    if not cfg.on_gpu:
+        assert not cfg.tf32_hardware and 'emulated' in cfg.tf32_how
+        assert cfg.t1_t2_same_hardware and not cfg.t2_between_gpus
+        assert cfg.t1_threads == max(1, (os.cpu_count() or 1) // 2)
+    assert len(str(cfg).splitlines()) <= 7, 'the setup prints a few lines'
+    three = sizing.setup_05(num_gpus=3, num_train=2048, num_epochs=1, num_test=100,
+                            sync_batches=[1, 4])
+    assert three.batch_size == 255 and three.sync_batches == [1, 4, 85]
+    assert 'rounded to 255' in str(three)
+
+
+@pytest.mark.parametrize('params, message', [
+    ({'sync_batches': [128]}, 'besides b=128'),
+    ({'sync_batches': [1, 5000], 'num_train': 4096}, 'sync_batches has 5000'),
+    ({'num_epochs': 0}, 'num_epochs must be an integer >= 1'),
+    ({'equivalence_steps': 0}, 'equivalence_steps must be an integer >= 1'),
+])
+def test_setup_05_refuses_by_name(params, message):
+    with pytest.raises(ValueError, match=message):
+        sizing.setup_05(**params)
+
+
+def test_pipeline_relay_idles_half_whatever_the_stage_durations():
+    """With one micro-batch the stages take turns, so together they idle half the step for any
+    durations: 05's m=1 agreement with (p-1)/(m+p-1) holds by construction."""
+    import pipeline
+    for f0, f1, b1, b0 in ((1.0, 3.0, 5.0, 2.0), (2.0, 2.0, 2.0, 2.0), (0.5, 7.0, 0.1, 9.0)):
+        t = [0.0, f0, f0 + f1, f0 + f1 + b1, f0 + f1 + b1 + b0]
+        events = [[(t[0], t[1], 'F'), (t[3], t[4], 'B')], [(t[1], t[2], 'F'), (t[2], t[3], 'B')]]
+        idle, busy = pipeline.idle_share(events)
+        assert abs(idle - 0.5) < 1e-12
+        assert busy == pytest.approx([f0 + b0, f1 + b1])
+    quiet = [[(0, 1, 'F')], [(0, 1, 'F')]]
+    disturbed = [[(0, 1, 'F')], [(1, 2, 'F')]]
+    workers = [{'events': {1: [disturbed[r], quiet[r]]}} for r in range(2)]
+    idle, _, events = pipeline.least_idle_step(workers, 1)
+    assert idle == 0 and events == quiet
+
+
+def test_pipeline_helpers_measure_and_restore():
+    import torch
+
+    import pipeline
+    a = [torch.zeros(3), torch.ones(2, dtype=torch.float64)]
+    b = [torch.tensor([0.0, 0.5, -0.25]), torch.ones(2)]
+    assert pipeline.max_difference(a, b) == 0.5 and pipeline.max_difference([], []) == 0.0
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    with pipeline.gpu_precision(tf32_convolutions=not saved[0]):
+        assert torch.backends.cudnn.allow_tf32 is (not saved[0])
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == saved
