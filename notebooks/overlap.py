@@ -6,8 +6,9 @@ produces their gradients), and starts a bucket's all-reduce as soon as every gra
 ready, so that the exchange of the last layers' gradients runs while backward is still computing
 the first layers'. `BucketedAllReduce` does the same with one hook per parameter.
 
-`overlap_worker` is a process entry point for launch.run_workers; it lives here because
-spawned processes must import it.
+`overlap_worker` (the experiment) and `bucket_sweep` (exercise 4) are process entry points for
+launch.run_workers; they live here because spawned processes must import them. `plot_overlap`
+draws the experiment's bar chart.
 """
 import copy
 import functools
@@ -20,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import helpers
 import launch
+from stats import median
 
 
 def buckets_by_bytes(params, cap_bytes):
@@ -96,81 +98,137 @@ def _write_back(params, flat):
 
 OVERLAP_DEFAULTS = {'width': 64, 'batch': 2, 'bucket_mb': 4, 'repeats': 5, 'seed': 0,
                     'timeout': 60, 'allreduce_numels': {}}
+SWEEP_DEFAULTS = {'width': 32, 'batch': 2, 'caps_mb': [0.1, 1, 4, 1024], 'repeats': 3,
+                  'seed': 0, 'timeout': 60}
 
 
-def check_config(config):
-    """The experiment's settings completed with OVERLAP_DEFAULTS; a ValueError names a bad one
-    before any process starts."""
-    cfg = helpers.with_defaults(config, OVERLAP_DEFAULTS)
+def check_config(config, defaults=None):
+    """The experiment's settings completed with OVERLAP_DEFAULTS (or `defaults`, e.g.
+    SWEEP_DEFAULTS); a ValueError names a bad one before any process starts."""
+    cfg = helpers.with_defaults(config, defaults or OVERLAP_DEFAULTS)
     for name in ('width', 'batch', 'repeats', 'timeout'):
         helpers.check_int(name, cfg[name])
-    helpers.check_positive('bucket_mb', cfg['bucket_mb'])
-    for name, numel in cfg['allreduce_numels'].items():
+    if 'bucket_mb' in cfg:
+        helpers.check_positive('bucket_mb', cfg['bucket_mb'])
+    for cap in cfg.get('caps_mb', ()):
+        helpers.check_positive('each of caps_mb', cap)
+    for name, numel in cfg.get('allreduce_numels', {}).items():
         helpers.check_int(f'allreduce_numels[{name!r}]', numel)
     return cfg
 
 
-def overlap_worker(rank, world_size, config):
-    """One rank: time backward alone, backward then one all-reduce, backward with bucketed
-    all-reduces started by hooks, and DDP's own bucketed backward, on ResNet-18 of `width`
-    with `batch` examples per rank; check that all three give the same averaged gradients.
-    Also time one all-reduce of each size in `allreduce_numels` (name -> float32 count).
-    Times are medians over `repeats`, each the slowest rank's."""
-    cfg = check_config(config)
-    rank, world_size, device = launch.init_distributed(timeout=cfg['timeout'])
-    torch.manual_seed(cfg['seed'])
-    net = helpers.resnet18(10, width=cfg['width']).to(device)
-    ddp = DistributedDataParallel(copy.deepcopy(net), bucket_cap_mb=cfg['bucket_mb'],
-                                  device_ids=[device.index] if device.type == 'cuda' else None)
-    g = torch.Generator().manual_seed(cfg['seed'] + 1 + rank)  # each rank its own examples
-    X = torch.randn(cfg['batch'], 1, 28, 28, generator=g).to(device)
-    y = torch.randint(0, 10, (cfg['batch'],), generator=g).to(device)
-    loss = nn.CrossEntropyLoss()
-    bucketed = BucketedAllReduce(net.parameters(), cfg['bucket_mb'] * 2**20)
+class _Rank:
+    """One rank's share of an experiment: ResNet-18 of `width`, `batch` examples of its own,
+    a buffer the size of the gradient, and the timing of one way to finish a backward pass."""
 
-    def backward(model, sync):
-        model.zero_grad(set_to_none=True)
-        out = loss(model(X), y)            # forward: not timed
-        helpers.synchronize(device)
-        dist.barrier()                     # every rank starts backward together
+    def __init__(self, cfg):
+        self.rank, self.world_size, self.device = launch.init_distributed(timeout=cfg['timeout'])
+        torch.manual_seed(cfg['seed'])
+        self.net = helpers.resnet18(10, width=cfg['width']).to(self.device)
+        self.params = list(self.net.parameters())
+        g = torch.Generator().manual_seed(cfg['seed'] + 1 + self.rank)  # each its own examples
+        self.X = torch.randn(cfg['batch'], 1, 28, 28, generator=g).to(self.device)
+        self.y = torch.randint(0, 10, (cfg['batch'],), generator=g).to(self.device)
+        self.flat = torch.zeros(sum(p.numel() for p in self.params), device=self.device)
+        self.loss = nn.CrossEntropyLoss()
+
+    def seconds(self, model, how, bucketed=None):
+        """Seconds of one variant, from a common start (a barrier), the slowest rank's.
+        how: 'backward' (alone), 'after' (then one all-reduce), 'bucketed' (with `bucketed`),
+        'alone' (an all-reduce of the gradient's size, no backward), 'copy' (flatten, average
+        and copy back the gradients, no communication). The forward pass is not timed."""
+        if how not in ('alone', 'copy'):
+            model.zero_grad(set_to_none=True)
+            out = self.loss(model(self.X), self.y)
+        helpers.synchronize(self.device)
+        dist.barrier()                     # every rank starts together
         tik = time.perf_counter()
-        if sync == 'bucketed':
+        if how == 'alone':
+            dist.all_reduce(self.flat)
+        elif how == 'copy':
+            _write_back(self.params, torch.cat([p.grad.reshape(-1) for p in self.params])
+                        / self.world_size)
+        elif how == 'bucketed':
             with bucketed:
                 out.backward()
                 bucketed.wait()
         else:
             out.backward()
-            if sync == 'after':
+            if how == 'after':
                 all_reduce_after_backward(model.parameters())
-        helpers.synchronize(device)
-        return time.perf_counter() - tik
+        helpers.synchronize(self.device)
+        seconds = torch.tensor(time.perf_counter() - tik, device=self.device)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        return seconds.item()
 
-    variants = {'backward_s': (net, None), 'after_s': (net, 'after'),
-                'bucketed_s': (net, 'bucketed'), 'ddp_s': (ddp, None)}
+    def gradients(self, model):
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def overlap_worker(rank, world_size, config):
+    """One rank: time backward alone, an all-reduce of the gradient's size alone, flattening
+    and copying back the gradients alone, backward then one all-reduce, backward with
+    bucketed all-reduces started by hooks, and DDP's own bucketed backward, on ResNet-18 of
+    `width` with `batch` examples per rank; check that the three exchanges give the same
+    averaged gradients. Every round times each variant once, in turn; 'times' keeps each
+    variant's rounds (the slowest rank's seconds), 'sequential_s' the sum of backward alone
+    and the all-reduce alone of each round, and each name its median. Also times one
+    all-reduce of each size in `allreduce_numels` (name -> float32 count)."""
+    cfg = check_config(config)
+    me = _Rank(cfg)
+    ddp = DistributedDataParallel(copy.deepcopy(me.net), bucket_cap_mb=cfg['bucket_mb'],
+                                  device_ids=[me.device.index] if me.device.type == 'cuda'
+                                  else None)
+    bucketed = BucketedAllReduce(me.net.parameters(), cfg['bucket_mb'] * 2**20)
+    variants = {'backward_s': (me.net, 'backward'), 'copy_s': (me.net, 'copy'),
+                'allreduce_alone_s': (None, 'alone'), 'after_s': (me.net, 'after'),
+                'bucketed_s': (me.net, 'bucketed'), 'ddp_s': (ddp, 'backward')}
     times = {name: [] for name in variants}
     for repeat in range(cfg['repeats'] + 1):   # the first round warms up
-        for name, (model, sync) in variants.items():
-            seconds = torch.tensor(backward(model, sync), device=device)
-            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        for name, (model, how) in variants.items():
+            seconds = me.seconds(model, how, bucketed)
             if repeat:
-                times[name].append(seconds.item())
-            if name in ('after_s', 'bucketed_s'):
-                grads = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
-                if name == 'after_s':
-                    after = grads
-    ddp_grads = torch.cat([p.grad.reshape(-1) for p in ddp.module.parameters()])
-    result = {name: _median(t) for name, t in times.items()}
+                times[name].append(seconds)
+            if name == 'after_s':
+                after = me.gradients(me.net)
+        grads = me.gradients(me.net)           # the bucketed variant's (ddp has its own copy)
+    times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
+                                                   times['allreduce_alone_s'])]
+    result = {name: median(t) for name, t in times.items()}
     result.update(
-        buckets=len(bucketed.buckets), gradient_bytes=after.numel() * after.element_size(),
+        times=times, buckets=len(bucketed.buckets),
+        gradient_bytes=after.numel() * after.element_size(),
         bucketed_equals_after=torch.equal(grads, after),
         bucketed_max_diff=(grads - after).abs().max().item(),
-        ddp_max_diff=(ddp_grads - after).abs().max().item(), backend=dist.get_backend(),
-        device=str(device), allreduce_s={})
+        ddp_max_diff=(me.gradients(ddp.module) - after).abs().max().item(),
+        backend=dist.get_backend(), device=str(me.device), allreduce_s={})
     for name, numel in cfg['allreduce_numels'].items():
-        x = torch.ones(numel, device=device)
-        result['allreduce_s'][name] = _median([_timed_all_reduce(x, device)
-                                               for _ in range(2 + 1)][1:])
+        x = torch.ones(numel, device=me.device)
+        result['allreduce_s'][name] = median([_timed_all_reduce(x, me.device)
+                                              for _ in range(2 + 1)][1:])
     return result
+
+
+def bucket_sweep(rank, world_size, config):
+    """Exercise 4: backward with bucketed all-reduces for each bucket cap in `caps_mb` (MiB),
+    beside backward alone and an all-reduce of the whole gradient alone, timed in turns for
+    `repeats` rounds after one warm-up. Returns {'buckets': {cap: count}, 'times': {name:
+    rounds}} and each name's median, where a name is a cap or 'backward_s',
+    'allreduce_alone_s' or 'sequential_s' (their sum, round by round)."""
+    cfg = check_config(config, SWEEP_DEFAULTS)
+    me = _Rank(cfg)
+    syncs = {cap: BucketedAllReduce(me.net.parameters(), cap * 2**20) for cap in cfg['caps_mb']}
+    times = {name: [] for name in [*syncs, 'backward_s', 'allreduce_alone_s']}
+    for _ in range(cfg['repeats'] + 1):
+        for cap, sync in syncs.items():
+            times[cap].append(me.seconds(me.net, 'bucketed', sync))
+        times['backward_s'].append(me.seconds(me.net, 'backward'))
+        times['allreduce_alone_s'].append(me.seconds(None, 'alone'))
+    times = {name: t[1:] for name, t in times.items()}
+    times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
+                                                   times['allreduce_alone_s'])]
+    return {'buckets': {cap: len(s.buckets) for cap, s in syncs.items()}, 'times': times,
+            **{name: median(t) for name, t in times.items()}}
 
 
 def _timed_all_reduce(x, device):
@@ -184,6 +242,45 @@ def _timed_all_reduce(x, device):
     return seconds.item()
 
 
-def _median(values):
-    s = sorted(values)
-    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+# What the experiment's names mean, in the order a table lists them.
+TIMINGS = {'backward_s': 'backward alone', 'allreduce_alone_s': 'all-reduce alone',
+           'copy_s': 'flatten, average, copy back', 'sequential_s': 'backward + all-reduce',
+           'after_s': 'backward, then one all-reduce', 'bucketed_s': 'backward with our buckets',
+           'ddp_s': 'DDP'}
+BAR_COLORS = {'backward_s': 'gray', 'allreduce_alone_s': 'silver', 'sequential_s': None,
+              'after_s': 'C1', 'bucketed_s': 'C0', 'ddp_s': 'C2'}
+
+
+def timing_rows(result, names=None):
+    """Rows for report.table: each timing's median, fastest and slowest round (seconds).
+    names: {key: row label}; TIMINGS by default (the overlap experiment)."""
+    names = names or TIMINGS
+    return {label: {'median': result[key], 'fastest': min(result['times'][key]),
+                    'slowest': max(result['times'][key])} for key, label in names.items()}
+
+
+def plot_overlap(ov):
+    """The overlap experiment as bars: each timing's median, with a line from its fastest to
+    its slowest round. 'backward + all-reduce' stacks the two measured alone (nothing
+    overlaps: the reference the others are compared with, also drawn as a dotted line); the
+    dashed line is the larger of the two (perfect overlap). Returns the figure."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    for i, (key, color) in enumerate(BAR_COLORS.items()):
+        ms, median_ms = [1e3 * t for t in ov['times'][key]], 1e3 * ov[key]
+        error = [[median_ms - min(ms)], [max(ms) - median_ms]]
+        if color is None:   # stacked: backward, then the all-reduce
+            ax.barh(i, 1e3 * ov['backward_s'], color=BAR_COLORS['backward_s'])
+            ax.barh(i, median_ms - 1e3 * ov['backward_s'], left=1e3 * ov['backward_s'],
+                    color=BAR_COLORS['allreduce_alone_s'], xerr=error, capsize=3)
+        else:
+            ax.barh(i, median_ms, color=color, xerr=error, capsize=3)
+    ax.set_yticks(range(len(BAR_COLORS)), [TIMINGS[key] for key in BAR_COLORS])
+    ax.axvline(1e3 * ov['sequential_s'], color='k', ls=':',
+               label='no overlap: backward + all-reduce, each measured alone')
+    ax.axvline(1e3 * max(ov['backward_s'], ov['allreduce_alone_s']), color='k', ls='--',
+               label='perfect overlap: the larger of the two')
+    ax.invert_yaxis()
+    ax.set(xlabel='milliseconds per backward pass, gradients averaged')
+    ax.legend(loc='lower left', bbox_to_anchor=(0, 1), frameon=False, fontsize=8)
+    return fig

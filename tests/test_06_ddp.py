@@ -18,6 +18,7 @@ import helpers as d2l
 import launch
 import overlap
 import sizing
+import stats
 
 TINY = {'batch_size': 8, 'num_train': 16, 'num_test': 8, 'data_source': 'synthetic', 'width': 8}
 NB = '06_multi_gpu_concise'
@@ -91,13 +92,45 @@ def test_buckets_follow_reverse_parameter_order_and_respect_the_cap():
 
 
 def test_bucketed_all_reduce_equals_one_all_reduce_after_backward_and_ddp():
-    config = {'width': 8, 'batch': 2, 'bucket_mb': 0.05, 'repeats': 1,
+    config = {'width': 8, 'batch': 2, 'bucket_mb': 0.05, 'repeats': 2,
               'allreduce_numels': {'a': 1000}}
     results = launch.run_workers(overlap.overlap_worker, 2, config, timeout=120)
     for r in results:
         assert r['buckets'] > 2 and r['bucketed_equals_after'] and r['ddp_max_diff'] == 0
-        assert all(r[k] > 0 for k in ('backward_s', 'after_s', 'bucketed_s', 'ddp_s'))
         assert set(r['allreduce_s']) == {'a'}
+        # every timing keeps its rounds; the reference is backward + all-reduce, round by round
+        assert set(r['times']) == set(overlap.TIMINGS)
+        assert all(len(t) == 2 and min(t) > 0 for t in r['times'].values())
+        assert r['times']['sequential_s'] == [b + a for b, a in zip(
+            r['times']['backward_s'], r['times']['allreduce_alone_s'])]
+        assert all(r[k] == stats.median(t) for k, t in r['times'].items())
+    assert results[0]['times'] == results[1]['times']   # each round is the slower rank's time
+
+
+def test_bucket_sweep_times_each_cap_beside_the_reference():
+    config = {'width': 8, 'batch': 2, 'caps_mb': [0.01, 0.1, 1024], 'repeats': 1}
+    r = launch.run_workers(overlap.bucket_sweep, 2, config, timeout=120)[0]
+    counts = [r['buckets'][cap] for cap in config['caps_mb']]
+    assert counts == sorted(counts, reverse=True) and counts[0] > counts[1] and counts[-1] == 1
+    assert set(r['times']) == {*config['caps_mb'], 'backward_s', 'allreduce_alone_s',
+                               'sequential_s'}
+    assert all(len(t) == 1 and t[0] > 0 and r[k] == t[0] for k, t in r['times'].items())
+
+
+def test_overlap_chart_draws_every_timing_and_both_references():
+    times = {k: [0.010 * (i + 1), 0.012 * (i + 1)] for i, k in enumerate(overlap.TIMINGS)}
+    times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
+                                                   times['allreduce_alone_s'])]
+    ov = {'times': times, **{k: stats.median(t) for k, t in times.items()}}
+    fig = overlap.plot_overlap(ov)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == [overlap.TIMINGS[k] for k in overlap.BAR_COLORS]
+    assert 'backward + all-reduce' in labels and len(ax.patches) == len(labels) + 1  # stacked
+    lines = {round(line.get_xdata()[0], 6) for line in ax.get_lines() if line.get_linestyle()
+             in (':', '--')}
+    assert lines == {round(1e3 * ov['sequential_s'], 6),
+                     round(1e3 * max(ov['backward_s'], ov['allreduce_alone_s']), 6)}
 
 
 @pytest.mark.parametrize('config, message', [
@@ -108,6 +141,15 @@ def test_bucketed_all_reduce_equals_one_all_reduce_after_backward_and_ddp():
 def test_overlap_refuses_bad_settings(config, message):
     with pytest.raises(ValueError, match=message):
         overlap.check_config(config)
+
+
+@pytest.mark.parametrize('config, message', [
+    ({'caps_mb': [1, 0]}, 'each of caps_mb must be'), ({'repeats': 0}, 'repeats must be'),
+    ({'bucket_mb': 4}, 'unknown setting'),
+])
+def test_bucket_sweep_refuses_bad_settings(config, message):
+    with pytest.raises(ValueError, match=message):
+        overlap.check_config(config, overlap.SWEEP_DEFAULTS)
 
 
 # -------------------------------------------------------------------------------- sizing
@@ -151,6 +193,38 @@ def test_h100_plan_runs_more_of_the_book_than_a_t4():
     eight = dataclasses.replace(sizing.DESCRIBED['h100'], gpus=8)   # nccl, a GPU per process
     plan = sizing.plan_06(eight, num_gpus=8, device_counts=(1, 8))
     assert plan['num_epochs'] * plan['num_train'] >= h100['num_epochs'] * h100['num_train']
+
+
+def test_mixed_gpus_are_planned_by_the_slowest_gpu_each_run_uses():
+    """An H100 beside a T4: a run on GPU 0 alone is planned at the H100's rate, a run on both
+    at the T4's, and the timeout covers the T4-paced run (issue 19, 3.1)."""
+    h100, t4 = sizing.DESCRIBED['h100'], sizing.DESCRIBED['colab-t4']
+    mixed = dataclasses.replace(h100, name='H100 + T4', gpus=2, flops=t4.flops,
+                                gpu_flops=(h100.flops, t4.flops))
+    two_h100 = dataclasses.replace(mixed, flops=h100.flops, gpu_flops=(h100.flops,) * 2)
+    two_t4 = dataclasses.replace(mixed, gpu_flops=(t4.flops,) * 2)
+    alone = [sizing.plan_06(m, num_gpus=2, device_counts=(1,)) for m in (mixed, two_h100)]
+    assert alone[0].values == alone[1].values and alone[0].seconds == alone[1].seconds
+    sizes = {'num_epochs': 1, 'num_train': 60000, 'num_test': 10000}
+    both = sizing.plan_06(mixed, num_gpus=2, device_counts=(1, 2), **sizes)
+    assert both['worker_timeout'] > sizing.plan_06(two_h100, num_gpus=2, device_counts=(1, 2),
+                                                   **sizes)['worker_timeout']
+    # k=1 runs on the H100; k=2 is paced by the T4, as on two T4s, and sets the timeout
+    assert both['worker_timeout'] == sizing.plan_06(two_t4, num_gpus=2, device_counts=(2,),
+                                                    **sizes)['worker_timeout']
+    planned = sizing.plan_06(mixed, num_gpus=2, device_counts=(1, 2))
+    assert planned.seconds <= sizing.budget('06', mixed)
+    assert planned['num_epochs'] * planned['num_train'] < (
+        lambda p: p['num_epochs'] * p['num_train'])(sizing.plan_06(two_h100, num_gpus=2))
+
+
+def test_setup_rounds_the_batch_for_every_process_count_and_says_where_ddp_runs():
+    cfg = sizing.setup_06(num_gpus=3, num_epochs=1, num_train=144, num_test=64)
+    assert cfg.batch_size == 36 and cfg.process_counts == [1, 2, 3]   # 32 rounded up
+    assert cfg.device_counts == [1, 3] and cfg.steps == 4
+    assert cfg.ddp_config['batch_size'] == 36 and cfg.ddp_config['epochs'] == 1
+    assert overlap.check_config(cfg.overlap_config)['repeats'] == sizing.OVERLAP_REPEATS_06
+    assert 'rounded up to 36' in str(cfg) and 'GPUs found' in str(cfg)
 
 
 def test_cpu_plan_narrows_the_network_to_fit_the_budget():
@@ -209,6 +283,21 @@ def test_06_default_run_learns_and_records_its_measurements(default_run):
     ob = results['overlap_backward']
     assert ob['bucketed_equals_after'] and ob['buckets'] > 1
     assert 0 < ob['backward_s'] < ob['after_s'] and ob['bucketed_s'] > 0
+    # the reference: backward and the all-reduce, each measured alone, added round by round
+    rounds = zip(ob['times']['backward_s'], ob['times']['allreduce_alone_s'],
+                 ob['times']['sequential_s'])
+    assert all(s == pytest.approx(b + a) for b, a, s in rounds)
+    assert ob['perfect_overlap_s'] < ob['sequential_s']
+    # exercise 1: one step is linear in the learning rate (k times it, k times as far)
+    steps_b, one_step, scaled = results['lr_scaling'].values()
+    assert scaled['moved'] == pytest.approx(4 * one_step['moved'], rel=1e-3)
+    assert steps_b['loss before'] == one_step['loss before'] == scaled['loss before']
+    # exercise 3: fewer examples per rank, local BatchNorm means further from the batch's
+    per_rank = sorted(results['sync_batchnorm'].values(), key=lambda r: -r['per rank'])
+    assert per_rank[-1]['local mean off (std)'] > per_rank[0]['local mean off (std)']
+    # exercise 4: larger caps, fewer buckets, down to one
+    counts = list(results['bucket_sweep']['buckets'].values())
+    assert counts == sorted(counts, reverse=True) and counts[-1] == 1
     per_byte = results['flops_per_gradient_byte']
     assert per_byte['Inception-style'] > per_byte['ResNet-18'] > per_byte['AlexNet-style'] > 0
 
