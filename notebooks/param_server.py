@@ -1,20 +1,24 @@
-"""Parameter servers and all-reduce over torch.distributed point-to-point messages (notebook 07).
+"""Parameter servers over torch.distributed point-to-point messages (notebook 07): a key-value
+store with push and pull, its shards spread over server processes by bytes, training through it
+(and restarting that training from checkpoints after a server dies), synchronous against
+asynchronous SGD, and hierarchical servers that add up each machine's gradients first.
 
-Messages are CPU tensors over gloo on every machine, so that one code path runs everywhere.
-
-The functions ending in `_worker` are process entry points for launch.run_workers; they live
-here because spawned processes must import them. Everything else is called inside them or
-in the notebook.
+The ring all-reduce and its benchmarks live in allreduce.py. Messages are CPU tensors over gloo
+on every machine, so that one code path runs everywhere. The functions ending in `_worker` are
+process entry points for launch.run_workers; they live here because spawned processes must
+import them. Everything else is called inside them or in the notebook.
 """
 import math
-import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import helpers
 import launch
+import stats
 
 
 # ----------------------------------------------------------------- key-value store
@@ -66,115 +70,7 @@ class KVStore:
         return self._values[key].clone()
 
 
-# ------------------------------------------------------------ collectives from send/recv
-def _ring(ranks):
-    # explicit ranks are checked before the process group is touched
-    ranks = list(range(dist.get_world_size()) if ranks is None else ranks)
-    if len(ranks) < 2:
-        raise ValueError(f'a ring needs at least 2 processes, got {len(ranks)}')
-    if dist.get_rank() not in ranks:
-        raise ValueError(f'rank {dist.get_rank()} is not in the ring {ranks}')
-    return ranks, ranks.index(dist.get_rank())
-
-
-SEGMENT_BYTES = 4 * 2**20  # ring_allreduce's default piece size, with a core per process
-
-
-def ring_segments(numel, element_size, n, cores=None):
-    """The segments per chunk ring_allreduce uses by default: pieces of about 4 MiB, larger by
-    n / cores when n processes share fewer cores (each message then costs a context switch),
-    and at most 16. Measured on 2 cores at 64 MB: 8 segments best for n=2, 2 to 3 for n=4."""
-    cores = cores or os.cpu_count() or 1
-    chunk_bytes = -(-numel // n) * element_size
-    return max(1, min(16, round(chunk_bytes / (SEGMENT_BYTES * max(1.0, n / cores)))))
-
-
-def ring_allreduce(tensor, ranks=None, segments=None, window=2):
-    """Sum `tensor` over the processes in `ranks` (default: all), in place, along a ring.
-
-    The tensor is cut into n chunks (sizes may differ by one element). Reduce-scatter: in n-1
-    steps each process sends one chunk to its right neighbour and adds the chunk arriving from
-    its left, so each process ends owning one fully summed chunk. All-gather: n-1 more steps
-    pass the summed chunks around. Every process sends 2(n-1)/n of the data in total.
-
-    Pipelining: each chunk is cut into `segments` pieces, and a piece moves on to the right as
-    soon as it has arrived (and been added), while the next pieces are still on the wire, so
-    sending, receiving and adding overlap. `window` receives are posted ahead of use.
-    segments=1 is the plain ring: each step waits for a whole chunk before adding it;
-    None picks `ring_segments` (pieces of about 4 MiB, more with more processes than cores).
-    """
-    ranks, i = _ring(ranks)
-    if segments is None:
-        segments = ring_segments(tensor.numel(), tensor.element_size(), len(ranks))
-    helpers.check_int('segments', segments)
-    helpers.check_int('window', window)
-    n = len(ranks)
-    right, left = ranks[(i + 1) % n], ranks[(i - 1) % n]
-    flat = tensor.view(-1)  # contiguous tensors only: the result must land in `tensor`
-    pieces = [chunk.tensor_split(segments) for chunk in flat.tensor_split(n)]
-    steps = 2 * (n - 1)
-    # step t < n-1 (reduce-scatter) receives chunk i-t-1 and adds it; step t >= n-1
-    # (all-gather) receives summed chunk i-(t-n+1) in place. Step t+1 sends what t received.
-    arriving = [(i - t - 1) % n if t < n - 1 else (i - t + n - 1) % n for t in range(steps)]
-    order = [(t, j) for t in range(steps) for j in range(segments)]
-    buffers = [torch.empty_like(pieces[0][0]) for _ in range(window)]
-    sending, posted = {}, []  # (chunk, segment) -> its isend; receives in order of use
-
-    def send(t, chunk, j):
-        sending[chunk, j] = dist.isend(pieces[chunk][j], right, tag=t * segments + j)
-
-    def post(k):
-        t, j = order[k]
-        chunk = arriving[t]
-        if t < n - 1:
-            into = buffers[k % window][:pieces[chunk][j].numel()]
-        else:  # overwrite the piece, once our own earlier send of it has left
-            if (chunk, j) in sending:
-                sending.pop((chunk, j)).wait()
-            into = pieces[chunk][j]
-        posted.append((into, dist.irecv(into, left, tag=t * segments + j)))
-
-    for j in range(segments):
-        send(0, i, j)
-    for k in range(min(window, len(order))):
-        post(k)
-    for k, (t, j) in enumerate(order):
-        into, request = posted[k]
-        request.wait()
-        if t < n - 1:
-            pieces[arriving[t]][j].add_(into)
-        if t + 1 < steps:
-            send(t + 1, arriving[t], j)
-        if k + window < len(order):
-            post(k + window)
-    for request in sending.values():
-        request.wait()
-    return tensor
-
-
-def naive_allreduce(tensor, ranks=None):
-    """Sum over `ranks` by sending everything to the first rank and back: the root's link
-    carries 2(n-1) full tensors while the others idle."""
-    ranks, i = _ring(ranks)
-    root = ranks[0]
-    if i == 0:
-        buf = torch.empty_like(tensor)
-        for src in ranks[1:]:
-            dist.recv(buf, src)
-            tensor += buf
-        for dst in ranks[1:]:
-            dist.send(tensor, dst)
-    else:
-        dist.send(tensor, root)
-        dist.recv(tensor, root)
-    return tensor
-
-
-def _groups(world_size):
-    """Process groups over the first n ranks, for every n >= 2; created on every rank."""
-    return {n: dist.new_group(list(range(n))) for n in range(2, world_size + 1)}
-
-
+# ---------------------------------------------------------------- process groups
 def _joined(timeout=120):
     """Join the process group unless an earlier experiment in this process already did."""
     if not dist.is_initialized():
@@ -194,149 +90,6 @@ def phases_worker(rank, world_size, phases):
         results.append(globals()[name](rank, world_size, *args))
         dist.barrier()
     return results
-
-
-def check_collectives_worker(rank, world_size, sizes, dtypes, segment_counts=(None, 1, 3)):
-    """Compare the ring (with each of `segment_counts`) and the naive all-reduce with
-    dist.all_reduce for n = 2..world_size, every size and dtype; returns the largest
-    |difference| relative to the largest |sum| per case (rank 0's view). Sums taken in another
-    order differ by float rounding, never more."""
-    _joined(timeout=60)
-    groups, errors = _groups(world_size), {}
-    for n, group in groups.items():
-        for dtype in dtypes:
-            dtype = getattr(torch, dtype)
-            for size in sizes:
-                if rank < n:
-                    g = torch.Generator().manual_seed(100 * rank + size)
-                    x = (torch.randn(size, generator=g) * 100).to(dtype)
-                    expected = x.clone()
-                    dist.all_reduce(expected, group=group)
-                    results = [naive_allreduce(x.clone(), range(n))] + [
-                        ring_allreduce(x.clone(), range(n), segments=s) for s in segment_counts]
-                    scale = expected.abs().max().item() or 1
-                    errors[f'n={n} {str(dtype)[6:]} size={size}'] = max(
-                        (r - expected).abs().max().item() for r in results) / scale
-                dist.barrier()
-    return errors
-
-
-def _median(samples):
-    return sorted(samples)[len(samples) // 2]
-
-
-def benchmark_worker(rank, world_size, sizes_bytes, repeats, group_sizes, segment_counts=(),
-                     race_repeats=0, bytes_per_sample=2**22, naive_up_to=None):
-    """Time ring, naive and dist.all_reduce over float32 messages on the first n ranks for each
-    n in `group_sizes`; a message from rank 0 to rank 1 and back (an empty reply: 'p2p'), to fit
-    latency and bandwidth; and a 'shift' on the largest group, every rank sending a message to
-    its right neighbour while receiving one from its left: all links busy at once, as in a
-    ring's step. The naive algorithm runs up to `naive_up_to` bytes (None: all).
-
-    With `segment_counts`, the largest size becomes a race: dist.all_reduce against the ring
-    with each of those segment counts, interleaved, `race_repeats` times; 'ring' there is the
-    race's entry for the ring's default segments. A sample repeats small messages until it has
-    moved `bytes_per_sample` (at most 32 times).
-
-    Every rank returns {'cpu_s': the CPU seconds this process used}; rank 0 adds 'seconds', the
-    medians as {'name|n|bytes': seconds}: the race's as 'race:dist.all_reduce|n|bytes' and
-    'race:<s>|...', rank 0's CPU seconds per race entry as 'cpu:dist.all_reduce|...' and
-    'cpu:<s>|...', and the median over repeats of dist.all_reduce's time over the ring's as
-    'paired:<s>|...' (each repeat runs both, one right after the other: a busy moment slows
-    both alike).
-    """
-    start_cpu = time.process_time()
-    big = sizes_bytes[-1]
-    missing = {n: ring_segments(big // 4, 4, n) for n in group_sizes} if segment_counts else {}
-    missing = {n: s for n, s in missing.items() if s not in segment_counts}
-    if missing:
-        raise ValueError(f'segment_counts {list(segment_counts)} must include the ring\'s '
-                         f'default segments for the largest size (n: segments): {missing}')
-    _joined()
-    groups = _groups(world_size)
-    algorithms = {'ring': lambda x, n: ring_allreduce(x, range(n)),
-                  'naive': lambda x, n: naive_allreduce(x, range(n)),
-                  'dist.all_reduce': lambda x, n: dist.all_reduce(x, group=groups[n])}
-    samples = {}
-    empty = torch.empty(0)
-
-    def ping(x, n):  # rank 0 times the round trip itself: no barrier inside the sample
-        if rank == 0:
-            dist.send(x, 1)
-            dist.recv(empty, 1)
-        elif rank == 1:
-            dist.recv(x, 0)
-            dist.send(empty, 0)
-
-    def shift(x, n):  # every rank sends to its right and receives from its left at once
-        if rank < n:
-            requests = [dist.isend(x, (rank + 1) % n), dist.irecv(inbox, (rank - 1) % n)]
-            for request in requests:
-                request.wait()
-
-    def sample(key, fn, x, n, number):
-        dist.barrier()
-        tik, cpu = time.perf_counter(), time.process_time()
-        for _ in range(number):
-            if rank < n:
-                fn(x, n)
-        cpu = time.process_time() - cpu  # this process's CPU time, all its threads
-        if key[0] != 'p2p':
-            dist.barrier()  # everyone waits for the slowest: the collective's time
-        samples.setdefault(key, []).append((time.perf_counter() - tik) / number)
-        if key[0].startswith('race:'):
-            samples.setdefault(('cpu:' + key[0][5:], *key[1:]), []).append(cpu)
-
-    for size in sizes_bytes:
-        x, inbox = torch.ones(size // 4), torch.empty(size // 4)
-        number = max(1, min(32, bytes_per_sample // size))  # small messages: many per sample
-        raced = segment_counts and size == big
-        cases = [('p2p', 2, ping), ('shift', max(group_sizes), shift)] + [
-            (name, n, fn) for n in group_sizes for name, fn in algorithms.items()
-            if not (raced and name != 'naive')
-            and not (name == 'naive' and naive_up_to is not None and size > naive_up_to)]
-        for name, n, fn in cases:
-            for _ in range(repeats + 1):  # the first sample warms up
-                sample((name, n, size), fn, x, n, number)
-            samples[name, n, size].pop(0)
-    if segment_counts:
-        x = torch.ones(big // 4)
-        for n in group_sizes:
-            race = {'race:dist.all_reduce': algorithms['dist.all_reduce']}
-            race.update({f'race:{s}': lambda x, n, s=s: ring_allreduce(x, range(n), segments=s)
-                         for s in segment_counts})
-            for r in range(race_repeats + 1):
-                for name, fn in race.items():
-                    sample((name, n, big), fn, x, n, 1)
-                    if r == 0:  # warm-up
-                        samples[name, n, big].pop(0)
-                        samples['cpu:' + name[5:], n, big].pop(0)
-            for s in segment_counts:  # gloo's time over the ring's, repeat by repeat
-                samples[f'paired:{s}', n, big] = [
-                    a / b for a, b in zip(samples['race:dist.all_reduce', n, big],
-                                          samples[f'race:{s}', n, big])]
-            default = ring_segments(big // 4, 4, n)
-            samples['ring', n, big] = samples[f'race:{default}', n, big]
-            samples['dist.all_reduce', n, big] = samples['race:dist.all_reduce', n, big]
-    cpu = {'cpu_s': time.process_time() - start_cpu}
-    if rank != 0:
-        return cpu
-    return {**cpu, 'seconds': {'|'.join(map(str, k)): _median(v) for k, v in samples.items()}}
-
-
-def machine_cpu_seconds():
-    """(busy, stolen): CPU seconds this whole machine has spent on programs (user and system
-    time of every process) and lost to other virtual machines (steal) since it booted, from
-    /proc/stat; None where there is no /proc/stat (not Linux)."""
-    try:
-        with open('/proc/stat') as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return None
-    user, nice, system = fields[:3]
-    steal = fields[7] if len(fields) > 7 else 0
-    ticks = os.sysconf('SC_CLK_TCK')
-    return (user + nice + system) / ticks, steal / ticks
 
 
 # ---------------------------------------------------------- parameter-server training
@@ -418,14 +171,21 @@ class RemoteKVStore:
         self._requests = []
 
 
-def _serve(rank, shard, workers, lr, total_batch, steps, bandwidth, fail_step=None):
+def _serve(rank, shard, workers, cfg):
     """A server's loop: per step, receive every worker's push for each of its slices, sum them
-    in worker order, take an SGD step, send the new values back. With `bandwidth` (bytes/s),
-    the server's network link is emulated by waiting size/bandwidth per message (used only
-    where no emulated cluster is available: there, tc limits the real link instead)."""
-    busy = 0.0
-    for step in range(steps):
-        if step == fail_step:
+    in worker order, take an SGD step, send the new values back. With cfg['bandwidth']
+    (bytes/s), the server's network link is emulated by waiting size/bandwidth per message (used
+    only where no emulated cluster is available: there, tc limits the real link instead).
+    With cfg['checkpoint_every'], the shard is saved after every that many steps, to
+    cfg['checkpoint_dir'] (storage that outlives the server); a run with cfg['start_step'] > 0
+    resumes from the checkpoint of that step and first sends workers the values it holds."""
+    busy, total_batch = 0.0, cfg['batch'] * cfg['workers']
+    start, every = cfg['start_step'], cfg['checkpoint_every']
+    if start:
+        shard.update(torch.load(checkpoint_path(cfg['checkpoint_dir'], rank, start)))
+        _send_shard(shard, workers)
+    for step in range(start, cfg['steps']):
+        if step == cfg['fail_server_step']:
             raise RuntimeError(f'server rank {rank}: simulated failure at step {step}')
         for part in sorted(shard):
             total = torch.zeros_like(shard[part])
@@ -433,12 +193,20 @@ def _serve(rank, shard, workers, lr, total_batch, steps, bandwidth, fail_step=No
             for w in workers:
                 dist.recv(buf, w)
                 total += buf
-                busy += _link_delay(buf, bandwidth)
-            shard[part] -= lr * total / total_batch
-        for part in sorted(shard):
-            for w in workers:
-                busy += _link_delay(shard[part], bandwidth)
-                dist.send(shard[part], w)
+                busy += _link_delay(buf, cfg['bandwidth'])
+            shard[part] -= cfg['lr'] * total / total_batch
+        if every and (step + 1) % every == 0:
+            _save(shard, checkpoint_path(cfg['checkpoint_dir'], rank, step + 1))
+        busy += _send_shard(shard, workers, cfg['bandwidth'])
+    return busy
+
+
+def _send_shard(shard, workers, bandwidth=None):
+    busy = 0.0
+    for part in sorted(shard):
+        for w in workers:
+            busy += _link_delay(shard[part], bandwidth)
+            dist.send(shard[part], w)
     return busy
 
 
@@ -450,9 +218,33 @@ def _link_delay(tensor, bandwidth):
     return seconds
 
 
+# ------------------------------------------------------------------------ checkpoints
+def checkpoint_path(directory, server, step):
+    """Where server rank `server` keeps its shard as it was after `step` steps."""
+    return Path(directory) / f'server{server}-step{step}.pt'
+
+
+def _save(shard, path):
+    """Write the shard so that a reader never sees half of it: to a temporary name, then
+    renamed (a server that dies while saving leaves the previous checkpoint intact)."""
+    tmp = path.with_suffix('.tmp')
+    torch.save(shard, tmp)
+    tmp.replace(path)
+
+
+def latest_checkpoint(directory, servers):
+    """The last step after which every one of `servers` saved its shard in `directory` (0
+    when some server saved nothing: a restart then starts from scratch)."""
+    steps = [{int(p.stem.split('step')[1]) for p in Path(directory).glob(f'server{s}-step*.pt')}
+             for s in servers]
+    common = set.intersection(*steps) if steps else set()
+    return max(common, default=0)
+
+
 PS_DEFAULTS = {'workers': 2, 'servers': 1, 'features': 64, 'batch': 32, 'steps': 5, 'lr': 0.5,
                'seed': 0, 'bandwidth': None, 'extra_keys': 0, 'extra_size': 0,
-               'fail_server_step': None}
+               'fail_server_step': None, 'checkpoint_every': None, 'checkpoint_dir': None,
+               'start_step': 0}
 
 
 def ps_train_worker(rank, world_size, config):
@@ -460,31 +252,36 @@ def ps_train_worker(rank, world_size, config):
     (only inside phases_worker, for runs of several sizes in one launch) wait. Workers push
     gradients and pull parameters through RemoteKVStore; returns each worker's final
     parameters, step times and the part of each step spent computing gradients, and each
-    server's slices, their bytes and its emulated link time."""
+    server's slices, their bytes and its emulated link time. With start_step > 0 the run
+    resumes from the servers' checkpoints of that step (see _serve): the workers pull the
+    parameters first and go on from that place in their data."""
     cfg = helpers.with_defaults(config, PS_DEFAULTS)
     used = cfg['workers'] + cfg['servers']
     if world_size != used and not (dist.is_initialized() and world_size > used):
         raise ValueError(f'world_size {world_size} != workers {cfg["workers"]} + '
                          f'servers {cfg["servers"]}')
+    if (cfg['checkpoint_every'] or cfg['start_step']) and cfg['checkpoint_dir'] is None:
+        raise ValueError('checkpoint_every and start_step need a checkpoint_dir')
     _joined()
     workers, servers = list(range(cfg['workers'])), list(range(cfg['workers'], used))
     params, data = _model_and_data(cfg, rank if rank in workers else None)
     for j in range(cfg['extra_keys']):  # padding to make messages bigger, for the bottleneck demo
         params[f'pad{j:02d}'] = torch.zeros(cfg['extra_size'])
     store = RemoteKVStore({k: v.shape for k, v in params.items()}, servers)
-    total_batch = cfg['batch'] * cfg['workers']
     result = None
     if rank in servers:
         shard = {(key, a, b): params[key].reshape(-1)[a:b].clone()
                  for key, a, b in store.held_by(rank)}
-        busy = _serve(rank, shard, workers, cfg['lr'], total_batch, cfg['steps'],
-                      cfg['bandwidth'], cfg['fail_server_step'])
+        busy = _serve(rank, shard, workers, cfg)
         result = {'emulated_link_s': busy, 'slices': sorted(shard),
                   'bytes': sum(t.numel() * t.element_size() for t in shard.values())}
     elif rank in workers:
         X, y = data
         step_times, compute_times = [], []
-        for step in range(cfg['steps']):
+        if cfg['start_step']:  # resuming: the servers hold the parameters
+            params = {key: store.pull(key) for key in sorted(params)}
+            store.wait()
+        for step in range(cfg['start_step'], cfg['steps']):
             tik = time.perf_counter()
             grads = _grads({k: params[k] for k in ('w', 'b')}, X[step], y[step])
             grads.update({k: torch.zeros_like(v) for k, v in params.items() if k not in grads})
@@ -524,6 +321,39 @@ def _flat(params):
 
 def _unflat(flat, features):
     return {'w': flat[:features * 10].view(features, 10), 'b': flat[features * 10:]}
+
+
+@dataclass
+class Problem:
+    """The asynchronous-SGD demo's problem, in one process: the starting weights (flat), the
+    batches in the order sgd_worker's server hands them out (batch k is worker k % workers'
+    step k // workers), and the loss and summed gradient of flat weights."""
+    start: torch.Tensor
+    batches: list
+    X: torch.Tensor
+    y: torch.Tensor
+    features: int
+
+    def loss(self, flat):
+        """Mean cross-entropy on all the data."""
+        p = _unflat(flat, self.features)
+        return torch.nn.functional.cross_entropy(self.X @ p['w'] + p['b'], self.y).item()
+
+    def grad(self, flat, X, y):
+        """The gradient of the loss summed over the batch (X, y), at the weights `flat`."""
+        return _flat(_grads(_unflat(flat, self.features), X, y))
+
+
+def sgd_problem(config=None):
+    """sgd_worker's problem (with its SGD_DEFAULTS and `config`), as a Problem."""
+    cfg = helpers.with_defaults(config or {}, SGD_DEFAULTS)
+    params, shards = _model_and_data(cfg, None)
+    w = cfg['workers']
+    batches = [(shards[k % w][0][k // w], shards[k % w][1][k // w])
+               for k in range(w * cfg['steps'])]
+    X = torch.cat([x.reshape(-1, cfg['features']) for x, _ in shards])
+    y = torch.cat([labels.reshape(-1) for _, labels in shards])
+    return Problem(_flat(params), batches, X, y, cfg['features'])
 
 
 def sgd_worker(rank, world_size, config):
@@ -615,7 +445,20 @@ def _sgd_server(mode, flat, shards, cfg, batches, message):
     seconds = time.perf_counter() - tik
     return {'seconds': seconds, 's_per_step': seconds / cfg['steps'], 'loss_curve': curve,
             'final_loss': curve[-1][1], 'updates': updates,
-            'mean_staleness': sum(staleness) / len(staleness), 'max_staleness': max(staleness)}
+            'mean_staleness': sum(staleness) / len(staleness), 'max_staleness': max(staleness),
+            'staleness_counts': {k: staleness.count(k) for k in sorted(set(staleness))}}
+
+
+def async_record(runs, batches_done, straggler_ms):
+    """What notebook 07 records of sgd_worker's two runs (runs: the server's result)."""
+    return {'sync_s_per_step': runs['sync']['s_per_step'],
+            'async_s_per_step': runs['async']['s_per_step'],
+            'sync_final_loss': runs['sync']['final_loss'],
+            'async_final_loss': runs['async']['final_loss'],
+            'async_mean_staleness': runs['async']['mean_staleness'],
+            'async_max_staleness': runs['async']['max_staleness'],
+            'async_staleness_counts': runs['async']['staleness_counts'],
+            'batches_done': batches_done, 'straggler_ms': straggler_ms}
 
 
 # ----------------------------------------------------------------- hierarchical servers
@@ -629,7 +472,8 @@ def hierarchical_worker(rank, world_size, config):
     back to every worker. Hierarchical: a machine's workers first add their gradients on the
     leader, only leaders push to the server, and each leader hands the result to its machine.
     Returns, on workers, the largest |flat - hierarchical| and |flat - exact sum|; on the
-    server, the bytes it received and the median seconds per reduction, per way."""
+    server, the bytes it received, and per way the seconds of every timed reduction
+    ('samples') and their median ('seconds')."""
     cfg = helpers.with_defaults(config, HIERARCHY_DEFAULTS)
     workers = cfg['machines'] * cfg['per_machine']
     if world_size != workers + 1:
@@ -687,9 +531,10 @@ def hierarchical_worker(rank, world_size, config):
             outcome[name] = reduce()
             dist.barrier()
             samples.append(time.perf_counter() - tik)
-        seconds[name] = _median(samples[1:])
+        seconds[name] = samples[1:]  # the first warms up
     if rank == server:
-        return {'server_bytes_received': outcome, 'seconds': seconds}
+        return {'server_bytes_received': outcome, 'samples': seconds,
+                'seconds': {name: stats.median(v) for name, v in seconds.items()}}
     exact = sum(gradient(r).double() for r in range(workers))
     return {'max_diff': (outcome['flat'] - outcome['hierarchical']).abs().max().item(),
             'flat_vs_exact': (outcome['flat'].double() - exact).abs().max().item()}
