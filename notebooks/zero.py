@@ -20,19 +20,24 @@ import contextlib
 import gc
 import math
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn import functional as F
 
 import helpers
 import launch
 from collectives import CollectiveCounter, tcp_bytes_sent
+from stats import median
 
 STRATEGIES = ('ddp', 'zero1', 'zero2', 'fsdp')
 # for the exercises: FSDP with bf16 parameters in flight, and PyTorch's own ZeRO-1
 EXTRA_STRATEGIES = ('fsdp_bf16', 'torch_zero1')
+LABELS = {'ddp': 'DDP', 'zero1': 'ZeRO-1', 'zero2': 'ZeRO-2', 'fsdp': 'FSDP (ZeRO-3)',
+          'fsdp_bf16': 'FSDP, bf16 in flight', 'torch_zero1': 'ZeroRedundancyOptimizer'}
 DEFAULTS = {'strategies': STRATEGIES, 'in_features': 100, 'hidden': 512, 'num_hidden': 2,
             'classes': 10, 'batch_per_rank': 32, 'timed_steps': 5, 'lr': 1e-3, 'seed': 0,
             'backend': 'gloo', 'timeout': 60, 'probe_wire': False, 'fail_rank': None,
@@ -206,16 +211,6 @@ def held_bytes(params, grads, state):
     return held
 
 
-def _fsdp_api():
-    """fully_shard and MixedPrecisionPolicy: public since torch 2.6, before that (2.4, 2.5)
-    under torch.distributed._composable.fsdp."""
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    except ImportError:
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-    return fully_shard, MixedPrecisionPolicy
-
-
 def build(strategy, cfg, device):
     """(model to call, module holding the parameters, optimizer) for one strategy."""
     module = make_model(cfg).to(device)
@@ -235,7 +230,6 @@ def build(strategy, cfg, device):
     if strategy in ('zero1', 'zero2'):
         return module, module, ZeroAdam(module, cfg['lr'], stage=int(strategy[-1]))
     from torch.distributed.device_mesh import init_device_mesh
-    fully_shard, MixedPrecisionPolicy = _fsdp_api()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if strategy == 'fsdp_bf16' else MixedPrecisionPolicy())
@@ -316,6 +310,7 @@ def run_strategy(strategy, cfg, batches, device, initial, reference=None):
         'bytes_per_rank': sum(held.values()),
         'local_parameters': sum(_local(p).numel() for p in params),
         'seconds_per_step': sorted(times)[len(times) // 2],  # the median
+        'step_times': times,  # every timed step, in order
         'counted_bytes_per_step': counter.bytes,
         'collectives_per_step': counter.calls,
         'tcp_bytes_per_step': wire,
@@ -374,3 +369,103 @@ def train_worker(rank, world_size, config):
     return {'rank': rank, 'world_size': world_size, 'backend': dist.get_backend(),
             'device': str(device), 'parameters': num_parameters(cfg), 'strategies': results,
             'wire_probe': probe}
+
+
+# ------------------------------------------------------------- what the notebook reads and draws
+def show_progress(rank, metrics):
+    """run_workers' on_progress: a line as each strategy finishes on rank 0."""
+    print(f'    {LABELS[metrics["strategy"]]}: {metrics["seconds_per_step"] * 1e3:.1f} ms a step '
+          f'on rank {rank}')
+
+
+def over_ranks(rank_results, strategy, key, reduce=max):
+    """`key` of `strategy` reduced over the ranks of one run (None where a rank has None)."""
+    values = [r['strategies'][strategy][key] for r in rank_results]
+    return None if None in values else reduce(values)
+
+
+def slowest_steps(rank_results, strategy):
+    """Each timed step's time on its slowest rank: every rank waits for that one in the
+    collectives, so it is the step's time."""
+    per_rank = [r['strategies'][strategy]['step_times'] for r in rank_results]
+    return [max(step) for step in zip(*per_rank)]
+
+
+def call_counts(calls):
+    """A counted step's collectives as text: {'c10d.allreduce_': 2} -> '2 x allreduce'."""
+    return ', '.join(f'{n} x {op.split(".")[1].strip("_")}' for op, n in calls.items()) or '-'
+
+
+def summarize(runs, strategies=STRATEGIES):
+    """What the notebook reads from `runs`, {k: run_workers' list of rank results}: for each
+    strategy and k, the fullest rank's bytes (shards can be uneven), the most bytes a rank
+    sent, each timed step's time on its slowest rank and their median, rank 0's bytes by kind
+    and counted collectives; over every run, the largest difference to DDP and between
+    ranks."""
+    def per_k(key, reduce=max):
+        return {s: {k: over_ranks(rs, s, key, reduce) for k, rs in runs.items()}
+                for s in strategies}
+
+    def rank0(key):
+        return {s: {k: rs[0]['strategies'][s][key] for k, rs in runs.items()}
+                for s in strategies}
+    return SimpleNamespace(
+        parameters=next(iter(runs.values()))[0]['parameters'],
+        bytes_per_rank=per_k('bytes_per_rank'),
+        bytes_sent_per_step=per_k('counted_bytes_per_step'),
+        wire_bytes_sent_per_step=per_k('tcp_bytes_per_step'),
+        seconds_per_step={s: {k: median(slowest_steps(rs, s)) for k, rs in runs.items()}
+                          for s in strategies},
+        peak_bytes_per_rank=per_k('peak_bytes'),
+        step_times={s: {k: slowest_steps(rs, s) for k, rs in runs.items()} for s in strategies},
+        held_bytes_by_kind=rank0('held_bytes'),
+        calls=rank0('collectives_per_step'),
+        optimizer_state_by_rank={s: {k: [r['strategies'][s]['held_bytes']['optimizer state']
+                                         for r in rs] for k, rs in runs.items()}
+                                 for s in strategies},
+        max_diff_vs_ddp_by_strategy={s: max(over_ranks(rs, s, 'max_diff_vs_ddp')
+                                            for rs in runs.values())
+                                     for s in strategies if s != 'ddp'},
+        ranks_apart=max(over_ranks(rs, s, 'ranks_apart') for s in strategies
+                        for rs in runs.values()),
+        moved_by_training=max(over_ranks(rs, 'ddp', 'moved') for rs in runs.values()),
+        wire_probe=runs[max(runs)][0]['wire_probe'])
+
+
+# Markers shrink from one strategy to the next, so that lines drawn on top of each other (DDP,
+# ZeRO-1 and ZeRO-2 send the same bytes) all stay visible.
+STYLES = {'ddp': dict(marker='o', markersize=12, markerfacecolor='none', linestyle='-'),
+          'zero1': dict(marker='s', markersize=8, markerfacecolor='none', linestyle='--'),
+          'zero2': dict(marker='^', markersize=5, linestyle=':'),
+          'fsdp': dict(marker='D', markersize=5, linestyle='-')}
+
+
+def plot_memory_time_traffic(ks, m, paper_held, backend, cores):
+    """Three panels over the process counts `ks`, a line per strategy, from summarize()'s `m`:
+    MiB held per rank (dotted: the paper's count, `paper_held`, {strategy: {k: bytes}}), ms per
+    step on the slowest rank, and MiB sent per rank and step. Returns the figure."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = ((m.bytes_per_rank, 2**-20, 'MiB held per rank'),
+              (m.seconds_per_step, 1e3, 'ms per step (slowest rank)'),
+              (m.bytes_sent_per_step, 2**-20, 'MiB sent per rank and step'))
+    for ax, (values, scale, label) in zip(axes, panels):
+        for s in STRATEGIES:
+            ax.plot(ks, [values[s][k] * scale for k in ks], label=LABELS[s], **STYLES[s])
+        ax.set(xlabel='processes k', ylabel=label)
+        ax.set_xscale('log', base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+    for s in STRATEGIES:
+        axes[0].plot(ks, [paper_held[s][k] * 2**-20 for k in ks], 'k:', lw=1,
+                     label="paper's count" if s == 'ddp' else None)
+    axes[2].text(0.03, 0.97, 'DDP, ZeRO-1 and ZeRO-2 send the same\nbytes: their lines '
+                 'coincide', transform=axes[2].transAxes, va='top', fontsize=8)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc='upper center', ncol=5, fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, 0.93))
+    where = {'nccl': 'GPUs with nccl', 'gloo': f'CPU processes over gloo on {cores} cores'}
+    fig.suptitle(f'{m.parameters / 1e6:.2f} M parameters, Adam, {where[backend]}')
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    return fig

@@ -2,6 +2,7 @@
 import dataclasses
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -132,7 +133,7 @@ def test_plan_fits_the_budgets_of_the_described_machines():
         assert on_gpu.seconds <= sizing.budget('08', machine)
         stand_ins = sizing.plan_08(machine, 4)  # more processes than GPUs: CPU processes
         assert stand_ins['backend'] == 'gloo' and 'CPU processes' in stand_ins.why
-        assert stand_ins.seconds <= sizing.budget('08', machine)
+        assert stand_ins.seconds <= sizing.BUDGET_S['cpu']['08']  # the CPU's budget, not 300 s
         assert stand_ins.host_bytes <= machine.host_memory / 2
     for hidden in (13, 512, sizing.ZERO_GPU_HIDDEN):  # the plan counts the notebook's model
         assert sizing.zero_parameters(hidden) == zero.num_parameters(
@@ -164,3 +165,79 @@ def test_default_run_meets_the_issue(default_run):
                 factor * (k - 1) / k * 4 * psi, rel=0.03, abs=1)
             assert r['seconds_per_step'][s][str(k)] > 0
     assert r['processes_left_after_crash'] == 0 and r['crash_reported_s'] < 60
+
+
+def test_plan_sizes_cpu_processes_by_the_cpu_even_on_a_gpu_machine():
+    """Issue 19, 3.6: with fewer GPUs than processes every run is a CPU process over gloo, so
+    the width comes from the CPU's budget and rate, as on the same host without its GPU."""
+    for name in ('colab-t4', 'h100'):
+        for host_flops in (2e10, 5e10, 1e12):  # a slow host gets a narrower model
+            machine = dataclasses.replace(sizing.DESCRIBED[name], host_flops=host_flops)
+            host = sizing.on_device(machine, torch.device('cpu'))
+            assert not host.on_gpu and sizing.budget('08', host) == sizing.BUDGET_S['cpu']['08']
+            for k in (2, 4, 8):
+                stand_ins, alone = sizing.plan_08(machine, k), sizing.plan_08(host, k)
+                assert stand_ins.values == alone.values
+                assert stand_ins.seconds == pytest.approx(alone.seconds)
+    slow = dataclasses.replace(sizing.DESCRIBED['colab-t4'], host_flops=2e10)
+    assert sizing.plan_08(slow, 4)['hidden'] < sizing.ZERO_CPU_WIDTHS[0]  # 300 s would fit it
+
+
+def test_plan_counts_the_float64_check_the_notebook_runs():
+    """Issue 19, 3.6: the float64 check (4 CPU processes, every strategy) is in the estimate
+    on every machine, and it is the run the notebook's setup configures."""
+    exact = [(sizing.ZERO_EXACT_PROCESSES, sizing.ZERO_STRATEGIES)]
+    for name in ('cpu-2core', 'colab-t4', 'h100'):
+        machine = sizing.DESCRIBED[name]
+        host = sizing.on_device(machine, torch.device('cpu'))
+        exact_s = sizing.zero_cpu_seconds(host, exact, sizing.ZERO_EXACT_HIDDEN,
+                                          cost=sizing.ZERO_FLOAT64_COST)
+        assert exact_s > sizing.zero_cpu_seconds(host, exact, sizing.ZERO_EXACT_HIDDEN)
+        plan = sizing.plan_08(machine, 1)
+        if not machine.on_gpu:  # one process: the main run, the 2-process runs, the check
+            others = sizing.zero_cpu_seconds(host, [(1, 4), (2, 5), (2, 0)], plan['hidden'])
+            assert plan.seconds == pytest.approx(sizing.ZERO_FIXED_S + others + exact_s)
+        assert plan.seconds > exact_s + sizing.ZERO_FIXED_S
+    cfg = sizing.setup_08()
+    assert cfg.exact_config['dtype'] == 'float64' and cfg.exact_config['backend'] == 'gloo'
+    assert cfg.exact_config['hidden'] == sizing.ZERO_EXACT_HIDDEN
+    zero.check_config(cfg.exact_config, sizing.ZERO_EXACT_PROCESSES)
+    assert cfg.ks == [1, 2, 4] and cfg.k_max == 4 and cfg.hidden == cfg.config['hidden']
+
+
+def test_summary_takes_each_step_on_its_slowest_rank():
+    def rank(times, sent):
+        return {'parameters': 10, 'wire_probe': None, 'strategies': {s: {
+            'bytes_per_rank': 160, 'counted_bytes_per_step': sent, 'tcp_bytes_per_step': None,
+            'seconds_per_step': sorted(times)[1], 'step_times': times, 'peak_bytes': None,
+            'held_bytes': {'optimizer state': 8}, 'collectives_per_step': {},
+            'max_diff_vs_ddp': 0.0, 'ranks_apart': 0.0, 'moved': 1.0}
+            for s in zero.STRATEGIES}}
+    m = zero.summarize({2: [rank([1.0, 5.0, 2.0], 4), rank([3.0, 1.0, 1.0], 6)]})
+    assert m.step_times['ddp'][2] == [3.0, 5.0, 2.0]  # each step waits for its slowest rank
+    assert m.seconds_per_step['fsdp'][2] == 3.0 and m.bytes_sent_per_step['zero1'][2] == 6
+    assert m.wire_bytes_sent_per_step['ddp'][2] is None  # no rank could read its sockets
+    assert m.optimizer_state_by_rank['zero2'][2] == [8, 8]
+
+
+def test_traffic_panel_shows_and_labels_every_strategy():
+    """Issue 19, 2.19: DDP, ZeRO-1 and ZeRO-2 send the same bytes; each must still show."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    ks, same = [1, 2, 4], {k: 2 * (k - 1) / k for k in [1, 2, 4]}
+    per = {s: same for s in zero.STRATEGIES}
+    m = SimpleNamespace(parameters=10, bytes_per_rank=per, seconds_per_step=per,
+                        bytes_sent_per_step={**per, 'fsdp': {k: 1.5 * v for k, v in same.items()}})
+    fig = zero.plot_memory_time_traffic(ks, m, per, 'gloo', 2)
+    traffic = fig.axes[2]
+    lines = [line for line in traffic.get_lines() if line.get_label() in zero.LABELS.values()]
+    assert [line.get_label() for line in lines] == [zero.LABELS[s] for s in zero.STRATEGIES]
+    looks = {(line.get_marker(), line.get_markersize(), line.get_linestyle()) for line in lines}
+    assert len(looks) == len(lines)  # no two strategies drawn alike
+    sizes = [line.get_markersize() for line in lines[:3]]
+    assert sizes == sorted(sizes, reverse=True)  # the coinciding ones shrink: all visible
+    assert any('coincide' in t.get_text() for t in traffic.texts)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert all(zero.LABELS[s] in legend for s in zero.STRATEGIES)
+    plt.close(fig)
