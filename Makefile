@@ -1,7 +1,9 @@
 # The course in two commands: `make run` executes every notebook, `make test` checks everything.
-# Both create .venv and install what they need first (`make setup`, idempotent).
+# Both create .venv and install what they need first (`make setup`, idempotent). `make help`
+# lists every target with what it does (from the `##` comment after its name).
 PYTHON ?= python3
-VENV   := .venv
+# make compat sets VENV to .venv-torch-<version> for the targets its tests start (make lab, html)
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
@@ -14,12 +16,24 @@ LAB_DIR  ?= notebooks
 LAB_PORT ?= 8888
 LAB_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+# Kernels with encrypted sockets, as jupyter advises: the kernel manager provisions CurveZMQ keys,
+# and no kernel warns that it runs over TCP without encryption (scripts/execute.py says more;
+# KERNELS there is the same setting for make run, make test and make sweep).
+LAB_KERNELS := --KernelManager.transport_encryption=auto
 # make html: the static site, from executed notebooks (reused when newer than their sources).
 SITE_DIR ?= build/site
+# make test-fast: what needs no notebook run, no browser and no emulated hosts.
+FAST := not notebook and not browser and not cluster
 
-.PHONY: setup run figures test lint lab sweep html colab clean
+.DEFAULT_GOAL := help
+.PHONY: help setup run figures test test-fast lint lab sweep html colab compat clean
 
-setup: $(STAMP)
+help:  ## this list
+	@echo 'make <target>: the course'"'"'s commands (README.md says more)'
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z-]*:[^#]*## / {printf "  %-10s %s\n", $$1, $$2}' \
+		$(MAKEFILE_LIST)
+
+setup: $(STAMP)  ## create .venv and install the pinned requirements (idempotent)
 
 # uv installs the pinned set in about 10 s where pip takes about 110 s on 2 cores. uv does not
 # read pip's configuration, so the wheel folders pip is told about (PIP_FIND_LINKS or pip.conf's
@@ -41,7 +55,7 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 build/executed/%.ipynb: notebooks/%.ipynb $(MODULES) | $(STAMP)
 	@mkdir -p build/executed build/partial
 	@echo "== $<"
-	$(BIN)/papermill --cwd notebooks --no-progress-bar $< build/partial/$*.ipynb
+	@$(BIN)/python scripts/execute.py --cwd notebooks $< build/partial/$*.ipynb
 	@mv build/partial/$*.ipynb $@
 
 run: setup  ## execute every notebook headlessly into build/executed/
@@ -49,19 +63,23 @@ run: setup  ## execute every notebook headlessly into build/executed/
 	@$(MAKE) --no-print-directory $(EXECUTED)
 	@echo "executed notebooks: build/executed/   figures: figures/   results: build/results/"
 
-figures: run
+figures: run  ## the figures in figures/ (they come from running the notebooks)
 
-html: $(EXECUTED)  ## a static site of the executed course: build/site/index.html
+html: $(EXECUTED)  ## the executed course as a book (Sphinx): build/site/index.html
 	$(BIN)/python scripts/site.py --out $(SITE_DIR)
 
-lint: setup
+lint: setup  ## ruff over notebooks, tests and scripts
 	$(BIN)/ruff check notebooks tests scripts
 
-test: setup lint
+test: setup lint  ## everything CI runs: lint, unit tests, every notebook, browser, cluster
 	$(BIN)/python -m pytest
 
+test-fast: setup lint  ## lint, unit and hygiene tests: no notebook run, browser or cluster
+	$(BIN)/python -m pytest -m '$(FAST)'
+
 lab: setup  ## JupyterLab on the notebooks: make lab [LAB_PORT=8888] [LAB_ARGS=--no-browser]
-	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_ARGS) $(LAB_DIR)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) $(ROOT_FLAG) $(LAB_KERNELS) $(LAB_ARGS) \
+		$(LAB_DIR)
 
 colab: setup  ## rewrite every notebook's Colab badge and install cell from pyproject.toml
 	$(BIN)/python scripts/colab.py
@@ -69,6 +87,10 @@ colab: setup  ## rewrite every notebook's Colab badge and install cell from pypr
 sweep: setup  ## notebooks over GPU counts: make sweep COUNTS="1 2 3 4"
 	$(BIN)/python scripts/sweep.py --counts $(or $(COUNTS),1 2 4)
 
-clean:
+compat: setup  ## notebooks and tests on another torch: make compat TORCH=2.15.0 [ALL=1]
+	@test -n "$(TORCH)" || { echo 'make compat needs TORCH=<version>, e.g. make compat TORCH=2.15.0' >&2; exit 2; }
+	$(BIN)/python scripts/compat.py --torch '$(TORCH)' --python $(PYTHON) $(if $(ALL),--all)
+
+clean:  ## remove what the others wrote (not .venv, nor make compat's .venv-torch-*)
 	rm -rf build .pytest_cache .ruff_cache notebooks/__pycache__ tests/__pycache__ scripts/__pycache__
 	find figures -type f ! -name README.md -delete

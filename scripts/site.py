@@ -1,26 +1,30 @@
-"""The executed course as a static site: one HTML page per chapter and an index.
+"""The executed course as a book: a static site built with Sphinx, myst-nb and sphinx-book-theme.
 
     python scripts/site.py [--executed build/executed] [--out build/site]   (or: make html)
 
-Pages are rendered by nbconvert from notebooks that `make run` (or `make test`) executed; each
-page states where, with which torch and when it ran, from the results that run recorded.
-A notebook that is missing, unfinished or failed stops the build with its name: run `make run`.
+The pages are the notebooks as `make run` (or `make test`) executed them, outputs and figures
+included (myst-nb reads them and executes nothing). The site has what readers of course sites
+built with the field's tools (jupyter-book, d2l.ai) expect: a sidebar of chapters, an in-page
+table of contents, previous/next links, full-text search that works from a local folder served
+over HTTP (`python -m http.server -d build/site`), and on every page where, with which torch and
+when its notebook ran, from the results that run recorded. A notebook that is missing,
+unfinished or failed stops the build with its name: run `make run`.
 """
 import argparse
-import concurrent.futures
 import json
 import re
 import shutil
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
 import nbformat
-from nbconvert import HTMLExporter
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / 'notebooks'
 TITLE = 'Computational Performance, executable'
+RUN_INFO = 'Executed on'  # how each page starts saying where its notebook ran (the test reads it)
 
 
 def check_complete(nb, path):
@@ -76,20 +80,90 @@ def chapters():
     return out
 
 
-def render(nb):
-    body, _ = HTMLExporter(template_name='lab').from_notebook_node(nb)
-    return body
+def course_config():
+    """The repository's address and branch, from pyproject.toml (as the Colab cells use)."""
+    text = (ROOT / 'pyproject.toml').read_text()
+    table = re.search(r'^\[tool\.course\]\s*$(.*?)(?=^\[|\Z)', text, re.M | re.S).group(1)
+    return dict(re.findall(r'^(\w+)\s*=\s*"([^"]*)"', table, re.M))
 
 
-def page_notebook(title, markdown):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(markdown)]
-    nb.metadata['title'] = title
+def prepare(nb, info):
+    """The page's notebook: the run's line under the title; the Colab badge, a remote image,
+    becomes a plain link (the site loads nothing from elsewhere)."""
+    for cell in nb.cells:
+        if cell.cell_type == 'markdown':
+            cell.source = re.sub(r'\[!\[Open In Colab\]\([^)]*\)\]', '[Open in Colab]',
+                                 cell.source)
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell(f'*{RUN_INFO} {info}.*'))
     return nb
 
 
+def index_page(rows):
+    """The book's front page: what the course is, its chapters, and the table of contents."""
+    table = '\n'.join(f'| [{title}]({name}) | {covers} | {info} |'
+                      for name, title, covers, info in rows)
+    toc = '\n'.join(Path(name).stem for name, *_ in rows)
+    return f'''# {TITLE}
+
+The "Computational Performance" chapter of *Dive into Deep Learning*, rebuilt as notebooks that
+measure the machine they run on. Each chapter is a notebook as it ran, with its outputs and
+figures; each page says where and when, and so does the last column below.
+
+| chapter | what it covers | executed on |
+| --- | --- | --- |
+{table}
+
+```{{toctree}}
+:hidden:
+:maxdepth: 1
+:caption: Chapters
+
+{toc}
+```
+'''
+
+
+def conf(config):
+    """Sphinx's conf.py for the book."""
+    repository = f'https://github.com/{config["repository"]}'
+    footer = ('Built by <code>make html</code> from the notebooks as <code>make run</code> '
+              'executed them; each page says on what machine, and when.')
+    return f'''# Written by scripts/site.py for each build.
+project = {TITLE!r}
+html_title = {TITLE!r}
+extensions = ['myst_nb']
+myst_enable_extensions = ['dollarmath']
+nb_execution_mode = 'off'           # the notebooks ran already (make run): show their outputs
+nb_merge_streams = True             # one output block per cell, not one per print
+html_theme = 'sphinx_book_theme'
+html_theme_options = {{
+    'repository_url': {repository!r},
+    'repository_branch': {config["branch"]!r},
+    'path_to_docs': 'notebooks',
+    'use_repository_button': True,
+    'launch_buttons': {{'colab_url': 'https://colab.research.google.com'}},
+    'home_page_in_toc': True,
+    'show_toc_level': 2,
+    'use_download_button': False,
+    'navbar_persistent': [],        # one search box (the sidebar's), not two
+    'footer_content_items': ['extra-footer'],
+    'extra_footer': {footer!r},
+}}
+html_copy_source = False
+html_show_sourcelink = False
+html_permalinks = True
+exclude_patterns = []
+'''
+
+
 def build(executed, results, out):
-    rows, pages = [], {}
+    """Stage the pages in build/site-source/, run Sphinx into <out>.partial, then put it in
+    place of <out> (readers never see half a site). Returns the index page."""
+    started = time.monotonic()
+    source = out.parent / f'{out.name}-source'
+    shutil.rmtree(source, ignore_errors=True)
+    source.mkdir(parents=True)
+    rows = []
     for name, title, covers in chapters():
         path = executed / name
         if not path.exists():
@@ -97,37 +171,21 @@ def build(executed, results, out):
         nb = nbformat.read(path, 4)
         check_complete(nb, path)
         info = run_info(path.stem, nb, results)
-        html_name = name.replace('.ipynb', '.html')
-        for cell in nb.cells:
-            if cell.cell_type == 'markdown':  # links between notebooks link the pages, and
-                cell.source = re.sub(r'\((\d\d_\w+)\.ipynb\)', r'(\1.html)', cell.source)
-                cell.source = re.sub(r'\[!\[Open In Colab\]\([^)]*\)\]', '[Open in Colab]',
-                                     cell.source)  # the badge is a link: no remote image
-        nb.cells.insert(0, nbformat.v4.new_markdown_cell(
-            f'[{TITLE}](index.html) · executed on {info}'))
-        nb.metadata['title'] = title
-        pages[html_name] = nb
-        rows.append(f'| [{title}]({html_name}) | {covers} | {info} |')
-    index = page_notebook(TITLE, '\n'.join([
-        f'# {TITLE}',
-        '',
-        'The "Computational Performance" chapter of *Dive into Deep Learning*, rebuilt as '
-        'notebooks that measure the machine they run on. Each page below is a notebook as it '
-        'ran, with its outputs and figures; the last column says where and when.',
-        '',
-        '| chapter | what it covers | executed on |',
-        '| --- | --- | --- |',
-        *rows]))
-    pages['index.html'] = index
-    with concurrent.futures.ProcessPoolExecutor() as pool:  # a page takes seconds: one a core
-        pages = dict(zip(pages, pool.map(render, pages.values())))
+        nbformat.write(prepare(nb, info), source / name)
+        rows.append((name, title, covers, info))
+    (source / 'index.md').write_text(index_page(rows))
+    (source / 'conf.py').write_text(conf(course_config()))
     partial = out.with_name(out.name + '.partial')
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    for html_name, html in pages.items():
-        (partial / html_name).write_text(html)
+    from sphinx.cmd.build import build_main
+    code = build_main(['-b', 'html', '-q', '-d', str(source / '.doctrees'), '-W',
+                       '--keep-going', str(source), str(partial)])
+    if code:
+        raise SystemExit(f'sphinx failed (exit {code}): see its messages above')
+    shutil.rmtree(partial / '.doctrees', ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)  # readers never see half a site
+    partial.rename(out)
+    print(f'site: {len(rows)} chapters in {time.monotonic() - started:.1f} s')
     return out / 'index.html'
 
 

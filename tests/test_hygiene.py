@@ -1,23 +1,16 @@
 """Every notebook follows the course anatomy (CONTRIBUTING.md) and is committed clean: its
 parts in order, short cells, prose in Markdown rather than in code, and no outputs."""
 import ast
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / 'notebooks').glob('*.ipynb'))
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / 'scripts' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def code(cell):

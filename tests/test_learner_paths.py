@@ -3,7 +3,6 @@
 import contextlib
 import functools
 import http.server
-import importlib.util
 import json
 import os
 import re
@@ -21,7 +20,8 @@ from urllib.parse import urljoin, urlparse
 import nbformat
 import psutil
 import pytest
-from conftest import CHROMIUM, browser_missing, keep_default_run
+import snowballstemmer
+from conftest import CHROMIUM, browser_missing, keep_default_run, load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / 'notebooks').glob('[0-9][0-9]_*.ipynb'))
@@ -31,13 +31,6 @@ CHROMIUM_FLAGS = ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first
                   '--disable-sync']
 OFFLINE = {'http_proxy': 'http://127.0.0.1:9', 'https_proxy': 'http://127.0.0.1:9',
            'no_proxy': '127.0.0.1,localhost'}  # anything but loopback hits a closed port
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / 'scripts' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 colab = load_script('colab')
@@ -59,8 +52,10 @@ def clean_env(**extra):
 @contextlib.contextmanager
 def serve(directory):
     """An HTTP server for `directory` on 127.0.0.1; yields its base URL."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
-    handler.log_message = lambda *args: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+    handler = functools.partial(Quiet, directory=str(directory))
     server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -221,6 +216,9 @@ def lab(tmp_path_factory):
         for pid in alive:
             os.kill(pid, signal.SIGKILL)
         assert not alive, f'processes outlived the JupyterLab server: {alive}'
+        # make lab has the kernel manager provision keys (LAB_KERNELS): no kernel warns
+        assert 'Kernel is running over TCP without encryption' not in ''.join(log), \
+            ''.join(log)[-3000:]
 
 
 @pytest.fixture(scope='module')
@@ -320,38 +318,123 @@ def site(default_run, tmp_path_factory):
     return out
 
 
-def test_site_pages_images_and_links_all_resolve(site, chromium):
-    pages = sorted(p.name for p in site.glob('*.html'))
-    assert pages == sorted(['index.html'] + [p.stem + '.html' for p in NOTEBOOKS])
+def chapter_pages():
+    return [p.stem + '.html' for p in NOTEBOOKS]
+
+
+@contextlib.contextmanager
+def site_page(site, chromium):
+    """(page, base URL) of a browser page on the site served over HTTP from its folder, as a
+    reader serves it; requests anywhere but that server are refused (the site is offline)."""
     with serve(site) as url:
-        page = chromium.new_page()
+        page = chromium.new_page(viewport={'width': 1280, 'height': 900})
+        local = urlparse(url).netloc
+        page.route('**/*', lambda route: route.continue_() if urlparse(
+            route.request.url).netloc == local else route.abort())
         try:
-            local = urlparse(url).netloc
-            page.route('**/*', lambda route: route.continue_() if urlparse(
-                route.request.url).netloc == local else route.abort())
-            seen, todo = set(), [urljoin(url, 'index.html')]
-            while todo:
-                target = todo.pop()
-                if target in seen:
-                    continue
-                seen.add(target)
-                response = page.goto(target, wait_until='load')
-                assert response and response.ok, f'{target}: {response and response.status}'
-                images = page.locator('img').evaluate_all(
-                    'imgs => imgs.map(i => [i.src.slice(0, 60), i.complete && i.naturalWidth > 0])')
-                broken = [src for src, ok in images if not ok]
-                assert not broken, f'{target}: images that did not load: {broken}'
-                links = page.locator('a[href]').evaluate_all('as => as.map(a => a.href)')
-                for link in links:
-                    if urlparse(link).netloc == local:
-                        todo.append(link.split('#')[0])
-                if not target.endswith('index.html'):
-                    text = page.locator('body').inner_text()
-                    assert re.search(r'executed on .+torch \d', text), f'{target}: no run info'
-                    assert images, f'{target}: a chapter page with no figure'
-            assert {urlparse(s).path.lstrip('/') for s in seen} == set(pages)
+            yield page, url
         finally:
             page.close()
+
+
+def test_site_pages_images_and_links_all_resolve(site, chromium):
+    """From the front page, every local link leads somewhere: each page loads with every image,
+    and every other file it links answers. Each chapter page has the sidebar of all chapters,
+    its own table of contents, a figure, and says where and when its notebook ran."""
+    pages = sorted(p.name for p in site.glob('*.html'))
+    assert set(pages) >= {'index.html', 'search.html', *chapter_pages()}, pages
+    with site_page(site, chromium) as (page, url):
+        local = urlparse(url).netloc
+        seen, files, todo = set(), set(), [urljoin(url, 'index.html')]
+        while todo:
+            target = todo.pop()
+            if target in seen:
+                continue
+            seen.add(target)
+            response = page.goto(target, wait_until='load')
+            assert response and response.ok, f'{target}: {response and response.status}'
+            images = page.locator('img').evaluate_all(
+                'imgs => imgs.map(i => [i.src.slice(0, 80), i.complete && i.naturalWidth > 0])')
+            broken = [src for src, ok in images if not ok]
+            assert not broken, f'{target}: images that did not load: {broken}'
+            for link in page.locator('a[href]').evaluate_all('as => as.map(a => a.href)'):
+                link = link.split('#')[0].split('?')[0]
+                if urlparse(link).netloc != local:
+                    continue
+                if link.endswith(('.html', '/')):
+                    todo.append(link)
+                else:
+                    files.add(link)
+            name = urlparse(target).path.lstrip('/')
+            if name in chapter_pages():
+                text = page.locator('article').inner_text()
+                assert re.search(r'Executed on .+torch \d.+UTC', text), f'{name}: no run info'
+                assert images, f'{name}: a chapter page with no figure'
+                sidebar = page.locator('nav.bd-docs-nav a').evaluate_all(
+                    'as => as.map(a => a.getAttribute("href"))')
+                assert set(sidebar) >= set(chapter_pages()) - {name}, sidebar
+                toc = page.locator('nav.page-toc a')
+                assert toc.count() >= 3, f'{name}: no table of contents of its sections'
+        for link in sorted(files):
+            response = page.request.get(link)
+            assert response.ok, f'{link}: {response.status}'
+        assert {urlparse(s).path.lstrip('/') for s in seen} >= {'index.html',
+                                                               *chapter_pages()}
+
+
+def test_site_previous_and_next_chain_through_every_chapter_in_order(site, chromium):
+    """Next from the front page walks every chapter in course order, the last has no next,
+    and previous walks back: in the page's links (rel=next/prev) and its buttons."""
+    with site_page(site, chromium) as (page, url):
+        order, target = [], 'index.html'
+        while target:
+            assert target not in order, f'the chain loops: {order + [target]}'
+            order.append(target)
+            page.goto(urljoin(url, target))
+            rel = page.locator('link[rel="next"]')
+            target = rel.get_attribute('href') if rel.count() else None
+            if order[-1] != 'index.html':
+                button = page.locator('a.right-next')
+                assert (button.get_attribute('href') if button.count() else None) == target
+                back = page.locator('a.left-prev').get_attribute('href')
+                assert back == order[-2], f'{order[-1]}: previous is {back}'
+        assert order == ['index.html', *chapter_pages()]
+
+
+def test_site_search_finds_a_word_in_the_one_chapter_that_has_it(site, chromium):
+    """Search works from a folder served over HTTP: for each chapter, a word that appears in
+    its prose and nowhere else on the site finds that chapter and no other page."""
+    stem = snowballstemmer.stemmer('porter').stemWord  # the stemmer of Sphinx's English search
+    vocabulary = lambda text: set(re.findall(r'[a-z]+', text))
+    texts = {}
+    for name in ['index.html', *chapter_pages()]:
+        html = (site / name).read_text()
+        body = html.split('<article', 1)[-1].split('</article>', 1)[0]
+        texts[name] = re.sub(r'<[^>]+>', ' ', body).lower()
+    searched = 0
+    with site_page(site, chromium) as (page, url):
+        for path in NOTEBOOKS:
+            name = path.stem + '.html'
+            prose = ' '.join(c.source for c in nbformat.read(path, 4).cells
+                             if c.cell_type == 'markdown').lower()
+            # Sphinx indexes stems of words, and a search also finds terms that contain the
+            # searched stem: the word's stem must be no part of any other page's word or stem
+            others = vocabulary(' '.join(t for n, t in texts.items() if n != name))
+            others = '\n'.join(others | {stem(w) for w in others})
+            word = next((w for w in sorted(vocabulary(prose) & vocabulary(texts[name]))
+                         if len(w) >= 8 and len(stem(w)) >= 5 and stem(w) not in others), None)
+            if word is None:
+                continue
+            page.goto(urljoin(url, f'search.html?q={word}'))
+            page.wait_for_function(
+                '() => /Search finished/.test(document.getElementById("search-results")'
+                '?.innerText || "")', timeout=30_000)
+            found = page.locator('#search-results a').evaluate_all(
+                'as => as.map(a => a.getAttribute("href"))')
+            pages = {h.split('#')[0].split('?')[0] for h in found}
+            assert pages == {name}, f'searching {word!r}: {found}'
+            searched += 1
+    assert searched >= len(NOTEBOOKS) // 2, 'too few chapters have a word of their own'
 
 
 def test_site_refuses_an_unfinished_notebook(tmp_path):
@@ -364,3 +447,22 @@ def test_site_refuses_an_unfinished_notebook(tmp_path):
     nb.cells[0].outputs = [nbformat.v4.new_output('error', ename='E', evalue='v', traceback=[])]
     with pytest.raises(SystemExit, match='cell 0 raised an error'):
         site.check_complete(nb, tmp_path / 'x.ipynb')
+
+
+def test_site_pages_say_where_they_ran_and_load_nothing_remote():
+    """Each page gets its run's line under its title; the Colab badge (a remote image) becomes
+    a plain link; the front page's table of contents lists the chapters in course order."""
+    site = load_script('site')
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell('# 1. Title\n\nThe idea.'),
+        nbformat.v4.new_markdown_cell('[![Open In Colab](https://colab.research.google.com/'
+                                      'assets/colab-badge.svg)](https://colab.research.google.'
+                                      'com/github/o/r/blob/main/notebooks/01_x.ipynb)')])
+    page = site.prepare(nb, 'a CPU (2 cores), no GPU; torch 2.13.0, Python 3.11.7; 2026-11-23')
+    assert page.cells[1].source == ('*Executed on a CPU (2 cores), no GPU; torch 2.13.0, '
+                                    'Python 3.11.7; 2026-11-23.*')
+    assert page.cells[2].source.startswith('[Open in Colab](https://colab.research.google.com/')
+    assert 'colab-badge.svg' not in page.cells[2].source
+    rows = [(p.name, f'{i}. T', 'covers', 'info') for i, p in enumerate(NOTEBOOKS, 1)]
+    toc = site.index_page(rows).split('```{toctree}')[1].split('```')[0]
+    assert re.findall(r'^\d\d_\w+$', toc, re.M) == [p.stem for p in NOTEBOOKS]
