@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.jit
 
 import hardware
 import helpers
@@ -1453,7 +1451,7 @@ def setup_08(*, num_gpus=4, device_counts=None, hidden=None, batch_per_rank=32, 
     machine = probe()
     plan = plan_08(machine, max(ks), ks)
     gpus = helpers.num_gpus()
-    backend = plan['backend'] if dist.is_nccl_available() else 'gloo'
+    backend = plan['backend'] if torch.distributed.is_nccl_available() else 'gloo'
     config = {'hidden': hidden or plan['hidden'], 'batch_per_rank': batch_per_rank,
               'timed_steps': timed_steps, 'lr': lr, 'backend': backend,
               'timeout': collective_timeout}
@@ -1609,7 +1607,7 @@ def setup_09(*, num_gpus=4, tp_degree=None, pp_stages=None, mesh_shape=None,
     ms = plan['microbatches']
     pp_batch = math.lcm(*ms) * math.ceil(plan['pp_batch'] / math.lcm(*ms))  # every m divides it
     gpus = helpers.num_gpus()
-    backend = plan['backend'] if dist.is_nccl_available() else 'gloo'
+    backend = plan['backend'] if torch.distributed.is_nccl_available() else 'gloo'
     given = [f'{name}={value}' for name, value in (('hidden', hidden), ('pp_width', pp_width))
              if value is not None]
     hidden = hidden or plan['hidden']
