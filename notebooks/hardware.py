@@ -67,8 +67,11 @@ def cache_sizes(cpu_dir=SYS_CPU / 'cpu0'):
     return sizes, shared
 
 
-def last_level_cache():
-    """(name, bytes) of the largest cache level, or (None, None) where unknown."""
+def last_level_cache(device=None):
+    """(name, bytes) of the last cache before memory: the CPU's largest level, or on a CUDA
+    `device` the GPU's L2 (the cache GPU work runs through); (None, None) where unknown."""
+    if device is not None and torch.device(device).type == 'cuda':
+        return 'GPU L2', torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
     sizes, _ = cache_sizes()
     if not sizes:
         return None, None

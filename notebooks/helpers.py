@@ -187,13 +187,15 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
-def environment():
-    """What the measurements ran on."""
+def environment(device=None):
+    """What the measurements ran on; 'device' names `device` (default: try_gpu())."""
+    device = torch.device(device) if device is not None else try_gpu()
     gpus = [torch.cuda.get_device_name(i) for i in range(num_gpus())]
+    name = (torch.cuda.get_device_name(device) if device.type == 'cuda' else
+            f'CPU ({platform.machine()})')
     return {'torch': torch.__version__, 'python': platform.python_version(),
             'cpu': cpu_model(), 'cpu_count': os.cpu_count(),
-            'num_threads': torch.get_num_threads(),
-            'gpus': gpus, 'device': gpus[0] if gpus else f'CPU ({platform.machine()})'}
+            'num_threads': torch.get_num_threads(), 'gpus': gpus, 'device': name}
 
 
 # --------------------------------------------------------------------- timing

@@ -219,10 +219,18 @@ class Setup:
 
 def on_device(machine, device):
     """`machine` as the plans should see it when the notebook runs on `device`: a GPU machine
-    asked to run on its CPU is planned as a CPU."""
+    asked to run on its CPU is planned as a CPU; one that runs on one of several GPUs is
+    planned as that GPU (probe() describes the slowest, which paces work on all of them)."""
     if machine.on_gpu and device.type != 'cuda':
         return dataclasses.replace(machine, kind='cpu', flops=machine.host_flops,
-                                   memory=machine.host_memory)
+                                   memory=machine.host_memory, name=f'CPU ({machine.host_cores} '
+                                   'cores)', gpus=0, compute_capability=(), gpu_flops=())
+    if machine.on_gpu and machine.gpu_flops and device.type == 'cuda':
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return dataclasses.replace(machine, name=props.name, flops=machine.gpu_flops[index],
+                                   memory=props.total_memory,
+                                   compute_capability=(props.major, props.minor))
     return machine
 
 
@@ -282,7 +290,7 @@ def setup_01(device=None, mlp_batch_sizes=None, chain_numel=None, chain_length=1
     helpers.check_int('repeats', repeats)
     machine = on_device(probe(), dev)
     plan = plan_01(machine, chain_length, repeats)
-    env = helpers.environment()
+    env = helpers.environment(dev)
     sized = mlp_batch_sizes is None or chain_numel is None
     why = [f'Device: {dev} ({env["device"]}); torch {env["torch"]}; '
            f'{env["num_threads"]} CPU threads.',
@@ -386,7 +394,7 @@ def setup_02(*, device=None, matrix_size=1000, num_matmuls=10, queue_lengths=Non
                          'to fit a line, for example [1, 16, 256]')
     machine = on_device(probe(), dev)
     plan = plan_02(machine, matrix_size, num_matmuls, lengths)
-    env = helpers.environment()
+    env = helpers.environment(dev)
     use_script, how = parallel_mechanism(mechanism)
     why = [f'Device: {dev} ({env["device"]}); torch {env["torch"]}; '
            f'{env["num_threads"]} CPU threads.',
@@ -680,7 +688,7 @@ def setup_04(*, matmul_size=None, bandwidth_mb=None, max_working_set_mb=None, st
         max_ghz, max_clock = None, 'unknown'
         if info.nominal_ghz:
             max_ghz, max_clock = 1.5 * info.nominal_ghz, 'assumed: 1.5x nominal, none reported'
-    env = helpers.environment()
+    env = helpers.environment(device)
     slowest = min(probed, key=lambda p: probed[p][1])
     book_n = MATMUL_BOOK_04[device.type]
     llc = f'{llc_name} {llc_bytes / 2**20:,.3g} MiB' if llc_name else 'unknown'
@@ -1218,7 +1226,8 @@ def plan_07(machine, max_processes=4, cluster=False, num_workers=2, demo_servers
     def seconds_of(mb, repeats):
         return FIXED_S_07 + cluster_s(mb) + sweep_s(mb) + race_s(mb, repeats)
 
-    limit = budget('07', machine) * 0.7  # headroom for a machine busy with other work
+    # CPU processes on every machine, GPU or not: the CPU's budget (and headroom)
+    limit = budget('07', on_device(machine, torch.device('cpu'))) * 0.7
     candidates = [(mb, r) for mb in ([message_mb] if message_mb else [64, 32, 16])
                   for r in ([race_repeats] if race_repeats else [9, 7, 5, 3])]
     mb, repeats = largest_fitting(candidates, lambda c: seconds_of(*c), limit)
@@ -1542,7 +1551,8 @@ def plan_09(machine, num_gpus=4, tp_degree=None, pp_stages=None, mesh_shape=None
             step = flops / (MP_CPU_EFFICIENCY_09 * machine.host_flops / cores) * max(1, p / cores)
         return fixed + mesh + steps * step
 
-    limit = budget('09', machine) * 0.7  # headroom for a machine busy with other work
+    # CPU processes on a GPU machine keep the CPU's budget
+    limit = budget('09', machine if on_gpus else on_device(machine, torch.device('cpu'))) * 0.7
     width = (MP_PP_GPU_WIDTH_09 if on_gpus else
              largest_fitting(MP_PP_WIDTHS_09, seconds, limit))
     values = {'tp_degree': t, 'pp_stages': p, 'mesh_shape': dp_tp, 'microbatches': ms,

@@ -162,3 +162,13 @@ def test_gpu_peaks_per_precision_and_memory():
     assert hardware.gpu_memory_gbs(h100) == 3350 and hardware.gpu_memory_gbs('mystery') is None
     for model, (peaks, memory) in hardware.GPU_SPECS.items():
         assert len(peaks) == len(hardware.GPU_PRECISIONS) and memory > 0, model
+
+
+def test_gpu_work_is_set_beside_the_gpu_l2_not_the_host_cache(monkeypatch):
+    import types
+
+    import torch
+    props = types.SimpleNamespace(L2_cache_size=50 * 2**20)
+    monkeypatch.setattr(torch.cuda, 'get_device_properties', lambda d: props)
+    assert hardware.last_level_cache('cuda:0') == ('GPU L2', 50 * 2**20)
+    assert hardware.last_level_cache('cpu') == hardware.last_level_cache()

@@ -540,3 +540,8 @@ def test_cores_busy_counts_this_processs_cpu_time_over_the_wall_time():
     assert d2l.cores_busy(lambda: sum(range(10_000)), seconds=0.05) > 0.2, 'a Python loop is'
     with pytest.raises(ValueError, match='seconds'):
         d2l.cores_busy(lambda: None, seconds=0)
+
+
+def test_environment_names_the_device_in_use():
+    assert d2l.environment('cpu')['device'].startswith('CPU (')
+    assert d2l.environment()['device'] == d2l.environment(d2l.try_gpu())['device']

@@ -1,5 +1,6 @@
 """The shared parts of sizing.py: the probe, its GPU path (simulated here), and Setup."""
 import contextlib
+import dataclasses
 from types import SimpleNamespace
 
 import torch
@@ -39,3 +40,17 @@ def test_a_gpu_machine_run_on_its_cpu_is_planned_as_a_cpu():
     cpu = sizing.on_device(h100, torch.device('cpu'))
     assert not cpu.on_gpu and cpu.flops == h100.host_flops
     assert sizing.on_device(h100, torch.device('cuda:0')) is h100
+
+
+def test_a_machine_of_several_gpus_is_planned_as_the_one_a_notebook_runs_on(monkeypatch):
+    mixed = dataclasses.replace(sizing.DESCRIBED['colab-t4'], gpus=2,
+                                gpu_flops=(5e13, 4.5e12))   # probe(): the slowest, a T4
+    h100 = SimpleNamespace(name='NVIDIA H100 80GB HBM3', total_memory=80 * 10**9, major=9,
+                           minor=0)
+    monkeypatch.setattr(torch.cuda, 'get_device_properties', lambda i: [h100, None][i])
+    on_h100 = sizing.on_device(mixed, torch.device('cuda:0'))
+    assert (on_h100.name, on_h100.flops, on_h100.compute_capability) == (h100.name, 5e13, (9, 0))
+    assert sizing.precisions_04(on_h100)[0] == ['float64', 'float32', 'tf32', 'bfloat16',
+                                                 'float16']
+    on_cpu = sizing.on_device(mixed, torch.device('cpu'))
+    assert not on_cpu.on_gpu and on_cpu.gpus == 0 and 'CPU' in on_cpu.name
