@@ -101,9 +101,13 @@ def install(version, venv, python):
     uv = Path(sys.executable).parent / 'uv'
     shutil.rmtree(venv, ignore_errors=True)  # made anew: nothing left from another recipe
     subprocess.run([str(uv), *make_venv], check=True)
+    # an override, not a requirement: versions below requirements.txt's bound are tested too,
+    # which is how the bound is found
+    override = venv / 'torch-override.txt'
+    override.write_text(f'torch=={version}\n')
     base = [str(uv), 'pip', 'install', '--compile-bytecode',
             '--python', str(venv / 'bin' / 'python'), '-r', str(ROOT / 'requirements-dev.txt'),
-            f'torch=={version}', *find_links()]
+            '--override', str(override), *find_links()]
     constraints = (ROOT / 'constraints.txt').read_text()
     note = ''
     for drop in ({'torch'}, {'torch'} | TORCH_DEPENDENCIES):
