@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import helpers
-from stats import median
+from stats import NOISE_FLOOR, median
 
 SYS_CPU = Path('/sys/devices/system/cpu')
 
@@ -163,7 +163,9 @@ def _amd(family, model_number, avx512):
         return ('Zen / Zen+', 2, 4) if model_number < 0x30 else ('Zen 2', 2, 8)
     if family == 25:
         return ('Zen 4', 2, 8) if avx512 else ('Zen 3', 2, 8)
-    if family == 26:
+    if family == 26:  # mobile Zen 5 (Strix Point, Krackan Point) has 256-bit pipes
+        if 0x20 <= model_number < 0x30 or 0x60 <= model_number < 0x70:
+            return 'Zen 5 (mobile)', 2, 8
         return 'Zen 5', 2, 16 if avx512 else 8
     return f'AMD family {family}', 2, 8
 
@@ -183,7 +185,7 @@ def microarchitecture(info=None):
         name, units, width = _amd(fam, num or 0, vector == 'AVX-512')
         evidence = (f'{said}; AMD family {fam}, model {num}: {name}'
                     + (', whose 512-bit instructions run as two 256-bit halves'
-                       if name == 'Zen 4' else ''))
+                       if name in ('Zen 4', 'Zen 5 (mobile)') else ''))
         return Microarchitecture(name, vector, units, units * width * 2, evidence)
     if info.vendor == 'GenuineIntel' and vector == 'AVX-512':
         if 'amx_tile' in f:
@@ -218,10 +220,10 @@ def microarchitecture(info=None):
 
 
 def flops_per_cycle(precision, info=None):
-    """Peak FLOP per cycle and core in `precision`: float64 has half float32's lanes; bf16 and
-    fp16 double float32's rate with their dot-product instructions (avx512_bf16, avx512_fp16)
-    and reach 1024 with AMX tiles; without such instructions they convert to float32 and
-    float32's rate is their ceiling."""
+    """Peak FLOP per cycle and core in `precision`: float64 has half float32's lanes; bf16
+    doubles float32's rate with its dot-product instruction (avx512_bf16), fp16 with its own
+    arithmetic on 32 lanes (avx512_fp16), and both reach 1024 with AMX tiles; without such
+    instructions they convert to float32 and float32's rate is their ceiling."""
     info = info or cpu_info()
     fp32 = microarchitecture(info).fp32_flops_per_cycle
     if fp32 is None:
@@ -410,6 +412,7 @@ def diagnose(fresh=False, path=None):
                  'logical_cores': info.logical_cores, 'physical_cores': info.physical_cores,
                  'smt_siblings': info.smt_siblings, 'two_thread_scaling': scaling,
                  'cores': kind, 'cores_sentence': sentence, 'others_share': load.others,
+                 'steal_share': load.steal,
                  'measured_at': time.strftime('%Y-%m-%d %H:%M:%S')}
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -485,3 +488,18 @@ def gpu_memory_gbs(device_name):
     """The data sheet's memory bandwidth of that GPU in GB/s, or None."""
     _, spec = gpu_spec(device_name)
     return spec[1] if spec else None
+
+
+def roof_clock(nominal_ghz, reported_max_ghz=None, implied_ghz=None):
+    """(GHz, why) at which notebook 04 draws a CPU's flat roofs: the maximum clock where the
+    system reports one; otherwise the higher of the nominal clock and the clock the measured
+    products imply, so that no measurement sits above its roof. An implied clock within the
+    noise floor of nominal is called nominal. (None, why) when no clock is known."""
+    if reported_max_ghz:
+        return reported_max_ghz, 'the maximum clock the system reports'
+    known = [g for g in (nominal_ghz, implied_ghz) if g]
+    if not known:
+        return None, 'no clock known'
+    if nominal_ghz and implied_ghz and implied_ghz > (1 + NOISE_FLOOR) * nominal_ghz:
+        return implied_ghz, 'the clock the products imply (above nominal)'
+    return max(known), 'about the nominal clock (no maximum reported)'

@@ -44,7 +44,8 @@ def draw(roofs, points, memory, cache, title, kernels=()):
     highest = max(roofs.values(), default=top)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for (gbs, label), style in ((memory, dict(ls='-', lw=1.5)), (cache, dict(ls='--', lw=0.8))):
-        ax.plot(intensity, np.minimum(highest, intensity * gbs), color='k', label=label, **style)
+        under = intensity * gbs <= highest  # the flat part is the precisions' roofs
+        ax.plot(intensity[under], intensity[under] * gbs, color='k', label=label, **style)
     for i, (peak, names) in enumerate(groups.items()):
         flat = intensity >= peak / cache[0]  # flat from where the cache slope meets it
         ax.plot(intensity[flat], np.full(flat.sum(), peak), ls=(i, (2, 3)),

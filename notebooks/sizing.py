@@ -657,8 +657,7 @@ def setup_04(*, matmul_size=None, bandwidth_mb=None, max_working_set_mb=None, st
     """Notebook 04's setup: every parameter checked (a ValueError naming it, before any
     work), then the device, a short probe of each precision's matrix products, the plan
     (plan_04) sized from those rates and the last-level cache, and the clocks the CPU peaks
-    are computed at (the nominal clock, and the maximum where the system reports one, else
-    an assumed 1.5x nominal)."""
+    are computed at (the nominal clock, and the maximum where the system reports one)."""
 
     helpers.check_int('matmul_size', matmul_size, minimum=16, allow_none=True)
     helpers.check_int('bandwidth_mb', bandwidth_mb, allow_none=True)
@@ -683,16 +682,13 @@ def setup_04(*, matmul_size=None, bandwidth_mb=None, max_working_set_mb=None, st
     gpu_l2 = torch.cuda.get_device_properties(device).L2_cache_size if on_gpu else None
     plan = plan_04(machine, {p: rate for p, (_, rate) in probed.items()}, llc_bytes=llc_bytes,
                    gpu_l2_bytes=gpu_l2, repeats=repeats)
-    max_ghz, max_clock = info.max_ghz, 'reported by cpufreq'
-    if max_ghz is None:
-        max_ghz, max_clock = None, 'unknown'
-        if info.nominal_ghz:
-            max_ghz, max_clock = 1.5 * info.nominal_ghz, 'assumed: 1.5x nominal, none reported'
+    max_ghz = info.max_ghz
+    max_clock = 'reported by cpufreq' if max_ghz else 'the system does not report it'
     env = helpers.environment(device)
     slowest = min(probed, key=lambda p: probed[p][1])
     book_n = MATMUL_BOOK_04[device.type]
     llc = f'{llc_name} {llc_bytes / 2**20:,.3g} MiB' if llc_name else 'unknown'
-    ghz = lambda g: f'{g:.2f} GHz' if g else 'unknown'
+    ghz = lambda g: f'{g:.2f} GHz' if g else 'not known'
     why = [f'Device: {env["device"]}. CPU: {info.model}, {info.logical_cores} logical cores, '
            f'last-level cache {llc}; nominal clock {ghz(info.nominal_ghz)} (from '
            f'{info.nominal_from}), maximum {ghz(max_ghz)} ({max_clock}).',

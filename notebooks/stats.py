@@ -72,9 +72,9 @@ def format_value(x, unit=''):
 # their medians as formatted values, {factor} the larger median over the smaller.
 TEMPLATES = {
     'same': 'No difference measured between {a} and {b}: {x} against {y} is within {noise}.',
-    'faster': '{a} was {factor:.2f}x faster than {b} ({x} against {y}; {evidence}).',
-    'slower': '{a} was {factor:.2f}x slower than {b} ({x} against {y}; {evidence}).',
-    'ratio': '{a} measured {ratio:.2f}x {b} ({x} against {y}; {evidence}).',
+    'faster': '{a} was {factor}x faster than {b} ({x} against {y}; {evidence}).',
+    'slower': '{a} was {factor}x slower than {b} ({x} against {y}; {evidence}).',
+    'ratio': '{a} measured {ratio}x {b} ({x} against {y}; {evidence}).',
 }
 NOISE = {
     'spread': 'the spread of the repeats',
@@ -150,12 +150,17 @@ class Comparison:
         outcome = ('ratio' if self.unit != 's' else
                    'faster' if self.a_median < self.b_median else 'slower')
         return _sentence(TEMPLATES[outcome].format(
-            a=self.a, b=self.b, x=x, y=y, factor=self.factor,
-            ratio=_divide(self.a_median, self.b_median),
+            a=self.a, b=self.b, x=x, y=y, factor=_times(self.factor),
+            ratio=_times(_divide(self.a_median, self.b_median)),
             evidence=EVIDENCE['repeats' if self.repeated else 'single']))
 
     def __str__(self):
         return self.verdict
+
+
+def _times(x):
+    """A factor as a person writes it: 2.25, 14.5, 1,548."""
+    return f'{x:.2f}' if abs(x) < 10 else f'{x:.1f}' if abs(x) < 100 else f'{x:,.0f}'
 
 
 def _divide(x, y):

@@ -20,6 +20,9 @@ SPR_VM = hardware.CpuInfo('Intel(R) Xeon(R) Processor', 'GenuineIntel', 6, 167,
                                            'amx_tile', 'avx512_fp16', 'hypervisor'}))
 HASWELL = hardware.CpuInfo('Intel(R) Xeon(R) CPU E5-2686 v4', 'GenuineIntel', 6, 79,
                            flags=frozenset({'avx', 'avx2', 'fma'}))
+ZEN5_SERVER = hardware.CpuInfo('AMD EPYC 9655', 'AuthenticAMD', 26, 2,
+                               flags=frozenset({'avx2', 'fma', 'avx512f'}))
+ZEN5_MOBILE = dataclasses.replace(ZEN5_SERVER, model='AMD Ryzen AI 9 HX 370', model_number=36)
 ZEN2 = hardware.CpuInfo('AMD EPYC 7B12', 'AuthenticAMD', 23, 49,
                         flags=frozenset({'avx', 'avx2', 'fma'}))
 
@@ -31,6 +34,8 @@ ZEN2 = hardware.CpuInfo('AMD EPYC 7B12', 'AuthenticAMD', 23, 49,
     (SPR_VM, 'Sapphire Rapids or newer', 64),            # AMX decides, not model 167
     (HASWELL, 'GenuineIntel AVX2 core', 32),
     (ZEN2, 'Zen 2', 32),
+    (ZEN5_SERVER, 'Zen 5', 64),
+    (ZEN5_MOBILE, 'Zen 5 (mobile)', 32),                 # Strix Point: 256-bit pipes
 ])
 def test_fp32_flops_per_cycle_follow_the_vector_units(info, name, per_cycle):
     arch = hardware.microarchitecture(info)
@@ -172,3 +177,13 @@ def test_gpu_work_is_set_beside_the_gpu_l2_not_the_host_cache(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'get_device_properties', lambda d: props)
     assert hardware.last_level_cache('cuda:0') == ('GPU L2', 50 * 2**20)
     assert hardware.last_level_cache('cpu') == hardware.last_level_cache()
+
+
+def test_roofs_are_drawn_at_a_clock_the_run_can_defend():
+    assert hardware.roof_clock(2.6, 3.9, 2.8)[0] == 3.9            # a reported maximum wins
+    ghz, why = hardware.roof_clock(2.6, None, 2.61)               # within noise of nominal
+    assert ghz == 2.61 and why.startswith('about the nominal')
+    ghz, why = hardware.roof_clock(2.6, None, 3.1)                  # measured above nominal
+    assert ghz == 3.1 and 'imply' in why
+    assert hardware.roof_clock(2.6, None, None)[0] == 2.6
+    assert hardware.roof_clock(None, None, None) == (None, 'no clock known')

@@ -137,3 +137,8 @@ def test_a_zero_median_gives_a_verdict_instead_of_a_crash():
     assert c.differs and c.ratio == float('inf') and 'measured 0.00x' in c.verdict
     same = stats.compare([0.0], [0.0], 'a', 'b', unit='')
     assert not same.differs and same.verdict.startswith('No difference measured')
+
+
+def test_large_factors_read_as_a_person_writes_them():
+    assert '1,548x faster' in stats.compare([1.0], [1548.0], 'a', 'b').verdict
+    assert '14.5x faster' in stats.compare([1.0], [14.5], 'a', 'b').verdict
