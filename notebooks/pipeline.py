@@ -10,6 +10,7 @@ gloo, as two devices would through their link. The lesson code (`pipeline_step`)
 the notebook with inspect.getsource.
 """
 import contextlib
+import math
 import time
 
 import torch
@@ -19,7 +20,10 @@ from torch.nn import functional as F
 import launch
 
 STAGE0_PARAMS = 2  # params[:2] (conv1) belong to stage 0, params[2:] to stage 1
-ALLREDUCE_CALLS = 4  # all-reduces timed back to back, per repeat
+ALLREDUCE_CALLS = 4  # all-reduces timed back to back, per repeat: at least this many,
+ALLREDUCE_MIN_S = 0.004  # and enough to last this long
+ALLREDUCE_WARMUP = 5  # untimed all-reduces of each size first
+WARMUP_ROUNDS = 3  # untimed steps at every m, before any step is timed
 
 
 def stage0(X, params):
@@ -80,12 +84,15 @@ def pipeline_step(rank, params, X, y, m, activation_shape):
 
 
 def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels, repeats):
-    """Rank 0 holds stage 0, rank 1 stage 1. For each m in `microbatches`: one warm-up step (the
-    first step at a new micro-batch size pays for allocations and for choosing the kernels of
-    those shapes, which are not the schedule), then `steps` timed steps. Then all-reduce tensors
-    of each size in `allreduce_numels` (floats), `repeats` times after one warm-up, each time
-    as the mean of ALLREDUCE_CALLS calls in a row (a barrier releases the two ranks a moment
-    apart, and a single call would count that moment as latency). Returns
+    """Rank 0 holds stage 0, rank 1 stage 1. First WARMUP_ROUNDS untimed rounds, each one step at
+    every m in `microbatches` (a fresh process's first steps pay for touching memory and for
+    choosing the kernels of each shape, which are not the schedule); then `steps` timed rounds,
+    every m in turn, so that a machine growing busier or quieter slows every m alike. Then
+    all-reduce tensors
+    of each size in `allreduce_numels` (floats): ALLREDUCE_WARMUP untimed calls each, then
+    `repeats` rounds over every size in turn, each repeat the mean of enough calls in a row to
+    last ALLREDUCE_MIN_S, and at least ALLREDUCE_CALLS (a barrier releases the two ranks a
+    moment apart, and a single call would count that moment as latency). Returns
     {'events': {m: [step's events, ...]}, 'grads': {m: this stage's gradients after one step},
     'bytes_sent': {m: bytes per step}, 'allreduce_s': {numel: median seconds},
     'allreduce_times': {numel: [seconds of each repeat]}}."""
@@ -95,8 +102,9 @@ def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels
     mine = params[:STAGE0_PARAMS] if rank == 0 else params[STAGE0_PARAMS:]
     mine = [p.detach().clone().requires_grad_() for p in mine]
     out = {'events': {}, 'grads': {}, 'bytes_sent': {}, 'allreduce_s': {}, 'allreduce_times': {}}
-    runs = [(m, step) for m in microbatches for step in [None, *range(steps)]]
-    for m, step in runs:  # step None: this m's warm-up, not recorded
+    warmup = [(m, None) for _ in range(WARMUP_ROUNDS) for m in microbatches]  # not recorded
+    timed = [(m, step) for step in range(steps) for m in microbatches]  # every m in turn
+    for m, step in warmup + timed:
         dist.barrier()  # both stages start the step together
         events, sent = pipeline_step(rank, mine, X, y, m, activation_shape)
         if step == 0:
@@ -106,18 +114,26 @@ def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels
             out['events'].setdefault(m, []).append(events)
         for p in mine:
             p.grad = None
-    for numel in allreduce_numels:
-        buffer = torch.ones(numel)
-        dist.all_reduce(buffer)  # warm-up: connections, buffers
-        times = []
-        for _ in range(repeats):
-            dist.barrier()  # the ranks leave it a moment apart: spread that over a few calls
+    buffers = {numel: torch.ones(numel) for numel in allreduce_numels}
+    calls = {}
+    for numel, buffer in buffers.items():  # warm-up (connections, buffers), and calls per repeat
+        for _ in range(ALLREDUCE_WARMUP):
+            dist.all_reduce(buffer)
+        start = time.perf_counter()
+        dist.all_reduce(buffer)
+        wanted = torch.tensor([ALLREDUCE_MIN_S / max(time.perf_counter() - start, 1e-6)])
+        dist.all_reduce(wanted, op=dist.ReduceOp.MAX)  # both ranks must make the same calls
+        calls[numel] = max(ALLREDUCE_CALLS, math.ceil(wanted.item()))
+    times = {numel: [] for numel in buffers}
+    for _ in range(repeats):  # every size in turn: a busier moment slows every size alike
+        for numel, buffer in buffers.items():
+            dist.barrier()  # the ranks leave it a moment apart: spread that over many calls
             start = time.perf_counter()
-            for _ in range(ALLREDUCE_CALLS):
+            for _ in range(calls[numel]):
                 dist.all_reduce(buffer)
-            times.append((time.perf_counter() - start) / ALLREDUCE_CALLS)
-        out['allreduce_times'][numel] = times
-        out['allreduce_s'][numel] = sorted(times)[len(times) // 2]
+            times[numel].append((time.perf_counter() - start) / calls[numel])
+    out['allreduce_times'] = times
+    out['allreduce_s'] = {numel: sorted(t)[len(t) // 2] for numel, t in times.items()}
     dist.barrier()
     return out
 
@@ -145,21 +161,64 @@ def max_difference(a, b):
                 for x, y in zip(a, b)), default=0.0)
 
 
+def cache_steps_04(device, *results_dirs):
+    """The cache steps notebook 04 measured on this machine's CPU ([{'before', 'after', 'level',
+    ...}], working sets in bytes where a read got dearer), from the first 04_hardware.json in
+    `results_dirs` that was recorded on this CPU. None where they do not apply or are not known:
+    `device` is not the CPU (they are the CPU's caches), or 04 has not run on this machine."""
+    import json
+    import os
+    from pathlib import Path
+
+    import helpers
+    if torch.device(device).type != 'cpu':
+        return None
+    for directory in results_dirs:
+        try:
+            payload = json.loads((Path(directory) / '04_hardware.json').read_text())
+            env, steps = payload['environment'], payload['results']['cache_steps']
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if (env.get('cpu'), env.get('cpu_count')) == (helpers.cpu_model(), os.cpu_count()):
+            return steps
+    return None
+
+
+def first_turn(per_example):
+    """(cheapest b, turn b) of a sweep of batch sizes. per_example: {b: [seconds per example,
+    one per repeat]}. The cheapest b is the one with the lowest median among all but the
+    largest b; the turn is the first larger b that was dearer per example than the cheapest by
+    the noise rule (stats.compare), or None when none was."""
+    import stats
+    bs = sorted(per_example)
+    cheapest = min(bs[:-1] or bs, key=lambda b: stats.median(per_example[b]))
+    dearer = (b for b in bs if b > cheapest and stats.compare(
+        per_example[b], per_example[cheapest], 'b', 'cheapest').a_is_better is False)
+    return cheapest, next(dearer, None)
+
+
 def idle_share(events):
     """(idle share of the step, busy seconds of each stage) from one step's compute intervals
     per rank: each stage's busy time against the step's whole span, from the first start on
     any rank to the last end."""
-    span = max(e[1] for ev in events for e in ev) - min(e[0] for ev in events for e in ev)
     busy = [sum(e[1] - e[0] for e in ev) for ev in events]
-    return 1 - sum(busy) / (len(busy) * span), busy
+    return 1 - sum(busy) / (len(busy) * span(events)), busy
 
 
-def least_idle_step(workers, m):
+def span(events):
+    """Seconds from the first start on any rank to the last end on any rank."""
+    return max(e[1] for ev in events for e in ev) - min(e[0] for ev in events for e in ev)
+
+
+def quickest_step(workers, m):
     """(idle share, busy seconds per stage, events per rank) of the timed step with m
-    micro-batches that idled least. On a machine shared with other work a disturbed step only
-    waits longer, so the least idle step is the closest to the schedule itself."""
+    micro-batches that took least time from its first start to its last end. Other work on the
+    machine only ever lengthens a step, so the quickest is the closest to the schedule itself.
+    (The least idle step is not: a step whose faster stage was slowed down looks more balanced,
+    and idles less. At m = 1 every step idles about half, so idleness cannot pick one at all.)"""
     steps = [[w['events'][m][s] for w in workers] for s in range(len(workers[0]['events'][m]))]
-    return min((idle_share(events) + (events,) for events in steps), key=lambda r: r[0])
+    quickest = min(steps, key=span)
+    return idle_share(quickest) + (quickest,)
 
 
 def _legend_below(fig, ax, ncol=3):
@@ -168,20 +227,22 @@ def _legend_below(fig, ax, ncol=3):
                bbox_to_anchor=(0.5, 0.02), frameon=False)
 
 
-def plot_scaling(ks, seconds, accuracies, emulated, batch_size):
-    """Seconds per epoch and test accuracy against k; the reference line is the ideal 1/k on
-    real devices, and k=1's time where replicas share one device and take turns."""
+def plot_scaling(ks, seconds, accuracies, emulated, batch_size, epochs=None):
+    """Seconds per epoch and test accuracy (after the last of `epochs` epochs) against k; the
+    reference line is the ideal 1/k on real devices, and k=1's time where replicas share one
+    device and take turns."""
     import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7, 2.6))
     ax1.plot(ks, [seconds[k] for k in ks], 'o-', label='measured', zorder=3)
     ideal = [seconds[ks[0]] * ks[0] / k for k in ks]
     reference = [seconds[ks[0]]] * len(ks) if emulated else ideal
-    label = f'k={ks[0]}: replicas take turns' if emulated else 'ideal (1/k)'
+    label = f'k={ks[0]}\'s time (replicas take turns)' if emulated else 'ideal (1/k)'
     ax1.plot(ks, reference, '--', color='gray', label=label)
     top = 1.2 * max(max(seconds.values()), max(reference))  # room above both lines
     ax1.set(xlabel='devices k', ylabel='seconds per epoch', xticks=ks, ylim=(0, top))
     ax2.plot(ks, [accuracies[k] for k in ks], 'o-')
-    ax2.set(xlabel='devices k', ylabel='test accuracy', xticks=ks, ylim=(0, 1))
+    ax2.set(xlabel='devices k', ylabel='test accuracy' + (f', epoch {epochs}' if epochs else ''),
+            xticks=ks, ylim=(0, 1))
     fig.suptitle(f'LeNet, batch {batch_size}, ' + ('emulated replicas' if emulated else 'GPUs'))
     fig.tight_layout()
     _legend_below(fig, ax1)
@@ -235,6 +296,7 @@ def plot_sync_step(t1, t2, t2_by_bytes, latency, bandwidth, gradient_bytes):
     line = [sizes[0] * (sizes[-1] / sizes[0]) ** (i / 49) for i in range(50)]
     ax2.plot(line, [latency + (s - sizes[0]) / bandwidth for s in line], 'k--',
              label='latency + bytes / bandwidth')
+    ax2.axvline(gradient_bytes, color='gray', lw=0.8, ls=':', label='LeNet\'s gradient')
     ax2.set(xscale='log', yscale='log', xlabel='bytes all-reduced', ylabel='t2 (s)')
     fig.tight_layout()
     handles = [h for ax in (ax1, ax2) for h in ax.get_legend_handles_labels()[0]]
@@ -245,8 +307,8 @@ def plot_sync_step(t1, t2, t2_by_bytes, latency, bandwidth, gradient_bytes):
 
 
 def plot_larger_batch(accuracy, steps, examples, lr):
-    """Test accuracy after the same examples at each global batch, each point labelled with the
-    number of steps it took."""
+    """Test accuracy after one epoch (the same examples) at each global batch, each point
+    labelled with the number of steps it took."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(3.8, 2.6))
     batches = list(accuracy)
@@ -256,7 +318,7 @@ def plot_larger_batch(accuracy, steps, examples, lr):
                     textcoords='offset points', xytext=(4, 4))
     ax.set_xscale('log', base=2)
     ax.set(xlabel='global batch', ylabel='test accuracy', ylim=(0, 1), xticks=batches,
-           xticklabels=batches, title=f'after {examples:,} examples, lr {lr:g}')
+           xticklabels=batches, title=f'after 1 epoch ({examples:,} examples), lr {lr:g}')
     ax.minorticks_off()
     ax.margins(x=0.2)
     return fig

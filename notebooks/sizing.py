@@ -745,7 +745,8 @@ def plan_05(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivalen
     the book's scale (10 epochs of 60,000 examples) is kept where it fits the budget; on a CPU
     two epochs of the largest subset that fits are chosen, because that subset is what CI
     runs. The estimate leaves out what no size changes (the t1 sweep up to T1_LARGEST_05
-    examples, the pipeline's processes), which the rest of the budget covers."""
+    examples, the pipeline's processes, the 3 x 40 first steps that measure the book's start
+    and learning rate), which the rest of the budget covers."""
     per_example = LENET_TRAIN_FLOPS / (machine.flops * (
         GPU_LENET_EFFICIENCY if machine.on_gpu else CPU_LENET_EFFICIENCY))
 

@@ -55,6 +55,16 @@ def test_05_default_run_measures_the_cost_of_a_step(default_run):
     assert sync['t2_s'] > 0 and sync['t2_bytes'] == 4 * sizing.LENET_PARAMS
     hidden = sync['smallest_hidden_batch']
     assert hidden is None or t1[hidden] >= sync['t2_s']
+    assert 0 < sync['latency_s'] and sync['latency_share'] == sync['latency_s'] / sync['t2_s']
+    ring = {int(k): s for k, s in sync['t2_ring_model_s'].items()}
+    assert ring[2] == pytest.approx(max(sync['t2_s'], sync['latency_s']))
+    assert ring[2] <= ring[4] <= ring[8], 't2 grows with the number of devices'
+    # autograd keeps the input and every activation: more than conv1's output (20x26x26 floats)
+    assert sync['working_set_bytes_per_example'] > 4 * 20 * 26 * 26
+    steps = sync['cache_steps_04']
+    assert steps is None or all(s['before'] < s['after'] for s in steps)
+    cheapest, turn = sync['cheapest_b'], sync['turn_b']
+    assert cheapest in t1 and (turn is None or turn > cheapest)
     assert set(map(int, r['accuracy_by_global_batch'])) == {64, 256, 1024}
 
 
@@ -137,11 +147,19 @@ def test_05_default_run_shows_the_stale_allreduce_and_rounding(default_run):
     nudged = r['nudged_start']
     assert 0 <= nudged['accuracy'] <= 1 and nudged['drift'] > 0, 'a nudge of 1e-7 must grow'
     assert r['final_parameter_drift'] > 0
+    # the notebook's verdict: a rounding-sized nudge of the start moves the weights about as far
+    # as training on k devices does (a ratio between a third and three, as its text says)
+    ratio = nudged['drift'] / r['final_parameter_drift']
+    assert 1 / 3 <= ratio <= 3, f'nudged drift / k-device drift = {ratio:.3g}'
     scaling = r['lr_scaling']  # accuracies of every run at each (batch, learning rate)
     assert set(scaling) == {'batch 256, lr 0.1', 'batch 1024, lr 0.1', 'batch 1024, lr 0.4'}
     assert len(scaling['batch 256, lr 0.1']) == 3, 'k=1, k=2 and the nudged run: same work'
     assert len(scaling['batch 1024, lr 0.4']) == 2, 'two starts: repeats for the noise rule'
     assert r['scaled_lr_accuracy'] in scaling['batch 1024, lr 0.4']
+    first = r['first_steps_loss']  # the two departures from the book, measured
+    assert set(first) == {'book, lr 0.2', 'He, lr 0.2', 'He, lr 0.1'}
+    assert all(len(curve) == 5 and all(v > 0 for v in curve) for curve in first.values())
+    assert set(r['exercise_allreduce_s']) == {'allreduce', 'sharded_allreduce'}
 
 
 def test_setup_05_resolves_every_parameter_for_this_machine():
@@ -186,8 +204,45 @@ def test_pipeline_relay_idles_half_whatever_the_stage_durations():
     quiet = [[(0, 1, 'F')], [(0, 1, 'F')]]
     disturbed = [[(0, 1, 'F')], [(1, 2, 'F')]]
     workers = [{'events': {1: [disturbed[r], quiet[r]]}} for r in range(2)]
-    idle, _, events = pipeline.least_idle_step(workers, 1)
+    idle, _, events = pipeline.quickest_step(workers, 1)
     assert idle == 0 and events == quiet
+
+
+def test_pipeline_keeps_the_quickest_step_not_the_least_idle():
+    """Slowing the faster stage makes a step look more balanced: it idles less, yet it is the
+    disturbed one. The quickest step is the undisturbed one."""
+    import pipeline
+    quiet = [[(0, 1, 'F'), (1, 2, 'F')], [(1, 4, 'F'), (4, 7, 'F')]]      # span 7, busy 2 and 6
+    slowed = [[(0, 2, 'F'), (2, 4, 'F')], [(2, 5, 'F'), (5, 8, 'F')]]     # span 8, busy 4 and 6
+    assert pipeline.idle_share(slowed)[0] < pipeline.idle_share(quiet)[0]
+    workers = [{'events': {2: [slowed[r], quiet[r]]}} for r in range(2)]
+    idle, busy, events = pipeline.quickest_step(workers, 2)
+    assert events == quiet and busy == [2, 6] and idle == pytest.approx(1 - 8 / 14)
+
+
+def test_first_turn_is_the_first_batch_dearer_than_the_cheapest_by_the_noise_rule():
+    import pipeline
+    sweep = {1: [3.0, 3.1, 3.2], 2: [2.0, 2.1, 2.05], 4: [2.05, 2.1, 2.2],  # 4: within noise
+             8: [2.5, 2.6, 2.7], 16: [3.0, 3.0, 3.1]}
+    assert pipeline.first_turn(sweep) == (2, 8)
+    assert pipeline.first_turn({1: [3.0, 3.1], 2: [2.0, 2.1], 4: [1.9, 2.0]}) == (2, None)
+
+
+def test_cache_steps_04_are_used_only_where_04_ran_on_this_cpu(tmp_path):
+    import json
+
+    import helpers
+    import pipeline
+    steps = [{'before': 2**15, 'after': 2**16, 'level': 'L1', 'meaning': 'L1'}]
+    here = {'cpu': helpers.cpu_model(), 'cpu_count': os.cpu_count()}
+    elsewhere, mine = tmp_path / 'elsewhere', tmp_path / 'mine'
+    for folder, env in ((elsewhere, {**here, 'cpu': 'another CPU'}), (mine, here)):
+        folder.mkdir()
+        (folder / '04_hardware.json').write_text(json.dumps(
+            {'environment': env, 'results': {'cache_steps': steps}}))
+    assert pipeline.cache_steps_04('cpu', tmp_path / 'missing', elsewhere, mine) == steps
+    assert pipeline.cache_steps_04('cpu', elsewhere) is None, 'another machine\'s caches'
+    assert pipeline.cache_steps_04('cuda', mine) is None, 't1 on a GPU: not the CPU\'s caches'
 
 
 def test_pipeline_helpers_measure_and_restore():
