@@ -382,6 +382,9 @@ def setup_02(*, device=None, matrix_size=1000, num_matmuls=10, queue_lengths=Non
     for name, value in (('matrix_size', matrix_size), ('num_matmuls', num_matmuls),
                         ('num_batches', num_batches), ('profile_steps', profile_steps)):
         helpers.check_int(name, value)
+    if num_batches < 2:
+        raise ValueError(f'num_batches={num_batches} must be at least 2: one batch leaves the '
+                         'pipeline nothing to overlap')
     helpers.check_int('small_size', small_size, allow_none=True)
     helpers.check_int('queue_numel', queue_numel, allow_none=True)
     helpers.check_positive('prep_ms', prep_ms)

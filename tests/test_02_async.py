@@ -94,6 +94,8 @@ def test_setup_02_checks_before_it_probes(monkeypatch):
         sizing.setup_02(mechanism='processes')
     with pytest.raises(ValueError, match='num_batches'):
         sizing.setup_02(num_batches=0)
+    with pytest.raises(ValueError, match='num_batches=1 must be at least 2'):
+        sizing.setup_02(num_batches=1)
     assert sizing.parallel_mechanism('threads')[0] is False
 
 
