@@ -247,10 +247,12 @@ GPU_BYTES_S = 250e9             # a T4-class GPU's memory bandwidth (faster GPUs
 def plan_01(machine, chain_length=16, repeats=7):
     """Notebook 01: the MLP batch sizes and the size of the elementwise chain.
 
-    The notebook's time goes mostly to inductor's compilations (seven of them: about 1.5 s each
-    with a warm cache and 5-10 s cold on a CPU; Triton's on a GPU take longer), which no size
-    changes. The chain is the one sized workload: its eager run moves 3 x chain_length x 2
-    passes over the tensor, timed `repeats` times in three modes, at the exercise's lengths too.
+    The notebook's time goes mostly to inductor's compilations (about seventeen; on a 2-core CPU
+    the first about 10 s from scratch, each later one 1-2 s from scratch and under 0.1 s from a
+    warm cache; Triton's on a GPU take longer), which no size changes: the estimate charges
+    them together as one first compile and six later ones, about their cost from scratch.
+    The chain is the one sized workload: its eager run moves 3 x chain_length x 2 passes over
+    the tensor, timed `repeats` times in three modes, at the exercise's lengths too.
     On a GPU it is 2**26 elements (256 MB), large enough that launches do not hide fusion;
     on a CPU 2**22 (16 MB), a few milliseconds a pass."""
     first_compile_s, compile_s = (30.0, 15.0) if machine.on_gpu else (12.0, 3.0)  # cold caches
