@@ -7,9 +7,10 @@ Three ways to spread one model over k processes, each checked against the single
   `ShardedMLP` does it by hand with the operators f and g; `parallelize_module` with
   `ColwiseParallel` and `RowwiseParallel` does it with DTensor. `tp_worker` runs both.
 * Pipeline parallelism with `torch.distributed.pipelining`: consecutive layers on consecutive
-  processes, the batch cut into micro-batches, run by `ScheduleGPipe` or `Schedule1F1B`
-  (Narayanan et al., 2019, "PipeDream"). `pp_worker` times each stage's work and counts the
-  activations it keeps (`SavedActivations`).
+  processes, the batch cut into micro-batches, run by `ScheduleGPipe` (Huang et al., 2019) or
+  `Schedule1F1B`, the synchronous 1F1B of PipeDream-Flush (Narayanan et al., 2021, "Memory-
+  Efficient Pipeline-Parallel DNN Training"). `pp_worker` times each stage's work (`ChunkClock`)
+  and counts the activations it keeps (`SavedActivations`).
 * FSDP x TP on a 2-D `DeviceMesh`: `mesh_worker` trains notebook 08's MLP with FSDP on one
   dimension and tensor parallelism on the other, beside 08's DDP and FSDP (zero.run_strategy).
 
@@ -350,7 +351,7 @@ LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,),
 
 
 def make_stack(width, layers, seed=0):
-    """`layers` equal blocks (Linear, GELU) of `width` units: every stage gets the same work.
+    """`layers` equal blocks (Linear, GELU) of `width` units: every stage gets the same layers.
     GELU, not ReLU: at ReLU's kink float32's rounding can switch a unit off in one computation
     and on in the other, a real difference in the gradients, not a rounding one."""
     torch.manual_seed(seed)
@@ -387,15 +388,57 @@ def pipeline_step(schedule, stages, X, y):
     return losses
 
 
-def _timed(method, kind, events, device):
-    def run(*args, **kwargs):
-        helpers.synchronize(device)
-        start = time.perf_counter()  # CLOCK_MONOTONIC on Linux: one clock for all processes
-        result = method(*args, **kwargs)
-        helpers.synchronize(device)
-        events.append((start, time.perf_counter(), kind))
-        return result
-    return run
+class ChunkClock:
+    """Times every forward and backward chunk a rank's stages run, as (start, end, 'F' or 'B',
+    stage) in seconds on the host's monotonic clock (time.perf_counter, CLOCK_MONOTONIC on
+    Linux), one clock for all the processes of a machine.
+
+    On a CPU the host clock times the chunk itself: CPU operations are synchronous. On a GPU a
+    chunk's kernels run after Python queues them, so two CUDA events, recorded on the current
+    stream before and after the chunk, time its kernels. (torch.cuda.synchronize around each
+    chunk would also wait for the messages in flight on NCCL's own streams, and so hold the
+    schedule back.) The events are placed on the host clock through an anchor event recorded
+    at the start of the step, while the GPU was idle."""
+
+    def __init__(self, device):
+        self.device, self.cuda, self.events = device, device.type == 'cuda', []
+
+    def start_step(self):
+        self.events.clear()
+        if self.cuda:
+            helpers.synchronize(self.device)  # nothing queued: the anchor runs when recorded
+            self.anchor = torch.cuda.Event(enable_timing=True)
+            self.anchor.record()
+            self.anchor_s = time.perf_counter()
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()  # on torch.cuda.current_stream(), where the stage computes
+        return event
+
+    def wrap(self, method, kind, stage):
+        """`method` (a stage's forward_one_chunk or backward_one_chunk), timed."""
+        def run(*args, **kwargs):
+            start = self._now()
+            result = method(*args, **kwargs)
+            self.events.append((start, self._now(), kind, stage))
+            return result
+        return run
+
+    def intervals(self):
+        """This step's chunks as (start, end, kind, stage), in seconds on the host clock."""
+        if not self.cuda:
+            return list(self.events)
+        helpers.synchronize(self.device)  # every event has run: elapsed_time needs it
+        at = lambda e: self.anchor_s + self.anchor.elapsed_time(e) / 1e3  # ms -> s
+        return [(at(start), at(end), kind, stage) for start, end, kind, stage in self.events]
+
+    def time(self, stage):
+        """Time every chunk `stage` (a PipelineStage) runs from now on."""
+        stage.forward_one_chunk = self.wrap(stage.forward_one_chunk, 'F', stage.stage_index)
+        stage.backward_one_chunk = self.wrap(stage.backward_one_chunk, 'B', stage.stage_index)
 
 
 def _one_microbatch_bytes(blocks, rank, p, v, X):
@@ -435,20 +478,19 @@ def run_schedule(kind, m, cfg, blocks, X, y, reference, device):
     for block in blocks:
         block.zero_grad(set_to_none=True)
     stages, schedule = build_pipeline(blocks, rank, p, v, m, kind, device, meter)
-    events = []
+    clock = ChunkClock(device)
     for stage in stages:
-        stage.forward_one_chunk = _timed(stage.forward_one_chunk, 'F', events, device)
-        stage.backward_one_chunk = _timed(stage.backward_one_chunk, 'B', events, device)
+        clock.time(stage)
     out = {'events': [], 'peak_bytes': 0}
     for step in range(cfg['steps'] + 1):
         dist.barrier()
-        events.clear()
+        clock.start_step()
         meter.reset_peak()
         losses = pipeline_step(schedule, stages, X, y)
         if step == 0:
             out.update(_pipeline_diffs(stages, losses, reference, blocks))
         else:
-            out['events'].append(list(events))
+            out['events'].append(clock.intervals())
             out['peak_bytes'] = max(out['peak_bytes'], meter.peak - meter.base)
         for block in blocks:
             block.zero_grad(set_to_none=True)
@@ -458,20 +500,24 @@ def run_schedule(kind, m, cfg, blocks, X, y, reference, device):
 
 def _pipeline_diffs(stages, losses, reference, blocks):
     """Relative differences of the loss (the mean over the micro-batches, on the last stage)
-    and of this rank's gradients from the single-process model's, the largest over the ranks."""
+    and of this rank's gradients from the single-process model's, the largest over the ranks;
+    and which of the stack's parameters (by position) got a gradient on this rank."""
     loss0, model = reference
-    grads = [(a.grad, b.grad) for a, b in zip(blocks.parameters(), model.parameters())
-             if a.grad is not None]
+    pairs = list(zip(blocks.parameters(), model.parameters()))
+    grads = [(a.grad, b.grad) for a, b in pairs if a.grad is not None]
     loss_diff = relative_diff(torch.stack(losses).mean(), loss0) if losses else 0.0
     return {'loss_diff': _max_over_ranks(loss_diff),
             'gradient_diff': _max_over_ranks(max(relative_diff(a, b) for a, b in grads)),
-            'stages_with_gradients': len(grads)}
+            'stages_with_gradients': len(grads),
+            'parameters_with_gradients': [i for i, (a, _) in enumerate(pairs)
+                                          if a.grad is not None]}
 
 
 def lenet_reference(cfg):
     """Notebook 05's by-hand pipeline (pipeline.pipeline_step, GPipe's order) on its LeNet, run
     by ranks 0 and 1 at the same m: the reference point for the idle fraction. Returns each
-    timed step's compute intervals on this rank (empty on ranks beyond 1)."""
+    timed step's compute intervals on this rank as (start, end, kind, stage), stage 0 on rank 0
+    and stage 1 on rank 1 (empty on ranks beyond 1)."""
     g = torch.Generator().manual_seed(cfg['seed'])
     params = [torch.randn(s, generator=g) / math.sqrt(math.prod(s[1:]) or s[0])
               for s in LENET_SHAPES]
@@ -489,7 +535,7 @@ def lenet_reference(cfg):
             dist.barrier()
             if rank < 2:
                 events, _ = pipeline.pipeline_step(rank, mine, X, y, m, shape)
-                out[m] += [events] if step else []
+                out[m] += [[(*e, rank) for e in events]] if step else []
             for t in mine:
                 t.grad = None
     return out
@@ -524,16 +570,14 @@ def schedule_seconds(m, blocks, X, y, device, group, steps=3):
     module = nn.Sequential(*blocks[rank * per_stage:(rank + 1) * per_stage])
     stage = pipelining.PipelineStage(module, 0, 1, device, group=group)
     schedule = pipelining.Schedule1F1B(stage, m, loss_fn=nn.CrossEntropyLoss())
-    events, outside = [], []
-    stage.forward_one_chunk = _timed(stage.forward_one_chunk, 'F', events, device)
-    stage.backward_one_chunk = _timed(stage.backward_one_chunk, 'B', events, device)
+    clock, outside = ChunkClock(device), []
+    clock.time(stage)
     for _ in range(steps + 1):
-        events.clear()
-        helpers.synchronize(device)
+        clock.start_step()
         tik = time.perf_counter()
         schedule.step(X, target=y)
         helpers.synchronize(device)
-        outside.append(time.perf_counter() - tik - sum(e[1] - e[0] for e in events))
+        outside.append(time.perf_counter() - tik - sum(e[1] - e[0] for e in clock.intervals()))
         blocks.zero_grad(set_to_none=True)
     return min(outside[1:]) / m
 

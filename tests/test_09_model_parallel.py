@@ -72,7 +72,12 @@ def test_pipeline_worker_keeps_the_schedules_activations_and_the_single_process_
             assert results[0][kind][m]['loss_diff'] <= 1e-5
             assert results[0][kind][m]['gradient_diff'] <= 1e-5
             assert sum(r[kind][m]['stages_with_gradients'] for r in results) == 2 * 4 * p
+            owners = sorted(i for r in results for i in r[kind][m]['parameters_with_gradients'])
+            assert owners == list(range(2 * 4 * p))  # each parameter on exactly one rank
             assert len(results[0][kind][m]['events']) == cfg['steps']
+            for rank, r in enumerate(results):  # (start, end, pass, stage): rank r runs stage r
+                for e in r[kind][m]['events'][0]:
+                    assert e[0] <= e[1] and e[2] in 'FB' and e[3] == rank
         assert results[0]['float64'][kind]['gradient_diff'] <= 1e-12
     assert set(results[0]['by_hand']) == set(ms) and results[1]['by_hand'][ms[0]]
     assert all(results[0]['message_s'][m] > 0 and results[0]['schedule_s'][m] > 0 for m in ms)
@@ -80,6 +85,9 @@ def test_pipeline_worker_keeps_the_schedules_activations_and_the_single_process_
         **cfg, 'schedules': ('interleaved',), 'virtual_stages': 2, 'microbatches': (4,),
         'extras': False}, timeout=120)
     assert inter[0]['interleaved'][4]['gradient_diff'] <= 1e-5
+    for rank, r in enumerate(inter):  # v = 2 stages a rank: r and r + p, each run m times
+        stages = [e[3] for e in r['interleaved'][4]['events'][0]]
+        assert {s: stages.count(s) for s in stages} == {rank: 2 * 4, rank + p: 2 * 4}
 
 
 def test_mesh_worker_matches_one_process_and_the_papers_counts():
