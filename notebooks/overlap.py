@@ -1,10 +1,12 @@
 """Overlapping gradient communication with the backward pass, by hand (notebook 06).
 
 DDP does not wait for the backward pass to end before it communicates. It groups the parameters
-into buckets, in the reverse order of `model.parameters()` (roughly the order in which backward
-produces their gradients), and starts a bucket's all-reduce as soon as every gradient in it is
-ready, so that the exchange of the last layers' gradients runs while backward is still computing
-the first layers'. `BucketedAllReduce` does the same with one hook per parameter.
+into buckets in the order in which backward produces their gradients (recorded during the first
+backward pass; torch.nn.parallel.DistributedDataParallel rebuilds its buckets before the second),
+and starts a bucket's all-reduce as soon as every gradient in it is ready, so that the exchange
+of the last layers' gradients runs while backward is still computing the first layers'.
+`BucketedAllReduce` does the same with one hook per parameter, in the reverse order of
+`model.parameters()`, which is roughly that order.
 
 `overlap_worker` (the experiment) and `bucket_sweep` (exercise 4) are process entry points for
 launch.run_workers; they live here because spawned processes must import them. `plot_overlap`
@@ -21,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import helpers
 import launch
-from stats import median
+from stats import compare, median
 
 
 def buckets_by_bytes(params, cap_bytes):
@@ -96,17 +98,19 @@ def _write_back(params, flat):
         offset += p.numel()
 
 
-OVERLAP_DEFAULTS = {'width': 64, 'batch': 2, 'bucket_mb': 4, 'repeats': 5, 'seed': 0,
-                    'timeout': 60, 'allreduce_numels': {}}
+OVERLAP_DEFAULTS = {'width': 64, 'batch': 2, 'bucket_mb': 4, 'repeats': 5, 'passes': 3,
+                    'seed': 0, 'timeout': 60, 'allreduce_numels': {}}
 SWEEP_DEFAULTS = {'width': 32, 'batch': 2, 'caps_mb': [0.1, 1, 4, 1024], 'repeats': 3,
-                  'seed': 0, 'timeout': 60}
+                  'passes': 3, 'seed': 0, 'timeout': 60}
+SMALL_MESSAGE_BYTES = 1024   # an all-reduce this small costs its fixed cost: latency, launch
+ALLREDUCE_REPEATS, SMALL_REPEATS = 5, 9   # all-reduces timed alone: a median of this many
 
 
 def check_config(config, defaults=None):
     """The experiment's settings completed with OVERLAP_DEFAULTS (or `defaults`, e.g.
     SWEEP_DEFAULTS); a ValueError names a bad one before any process starts."""
     cfg = helpers.with_defaults(config, defaults or OVERLAP_DEFAULTS)
-    for name in ('width', 'batch', 'repeats', 'timeout'):
+    for name in ('width', 'batch', 'repeats', 'passes', 'timeout'):
         helpers.check_int(name, cfg[name])
     if 'bucket_mb' in cfg:
         helpers.check_positive('bucket_mb', cfg['bucket_mb'])
@@ -161,6 +165,11 @@ class _Rank:
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         return seconds.item()
 
+    def round_seconds(self, passes, model, how, bucketed=None):
+        """One round of a variant: the median of `passes` timings in a row (seconds), so that
+        a single pass disturbed by other work does not decide the round."""
+        return median([self.seconds(model, how, bucketed) for _ in range(passes)])
+
     def gradients(self, model):
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
@@ -170,10 +179,11 @@ def overlap_worker(rank, world_size, config):
     and copying back the gradients alone, backward then one all-reduce, backward with
     bucketed all-reduces started by hooks, and DDP's own bucketed backward, on ResNet-18 of
     `width` with `batch` examples per rank; check that the three exchanges give the same
-    averaged gradients. Every round times each variant once, in turn; 'times' keeps each
-    variant's rounds (the slowest rank's seconds), 'sequential_s' the sum of backward alone
-    and the all-reduce alone of each round, and each name its median. Also times one
-    all-reduce of each size in `allreduce_numels` (name -> float32 count)."""
+    averaged gradients. Every round times each variant in turn; 'times' keeps each
+    variant's rounds (a round: the median of `passes` timings in a row, each the slowest
+    rank's seconds), 'sequential_s' the sum of backward alone and the all-reduce alone of each
+    round, and each name its median. Also times one all-reduce of each size in
+    `allreduce_numels` (name -> float32 count)."""
     cfg = check_config(config)
     me = _Rank(cfg)
     ddp = DistributedDataParallel(copy.deepcopy(me.net), bucket_cap_mb=cfg['bucket_mb'],
@@ -184,9 +194,9 @@ def overlap_worker(rank, world_size, config):
                 'allreduce_alone_s': (None, 'alone'), 'after_s': (me.net, 'after'),
                 'bucketed_s': (me.net, 'bucketed'), 'ddp_s': (ddp, 'backward')}
     times = {name: [] for name in variants}
-    for repeat in range(cfg['repeats'] + 1):   # the first round warms up
+    for repeat in range(cfg['repeats'] + 1):   # the first round (one pass each) warms up
         for name, (model, how) in variants.items():
-            seconds = me.seconds(model, how, bucketed)
+            seconds = me.round_seconds(cfg['passes'] if repeat else 1, model, how, bucketed)
             if repeat:
                 times[name].append(seconds)
             if name == 'after_s':
@@ -204,31 +214,46 @@ def overlap_worker(rank, world_size, config):
         backend=dist.get_backend(), device=str(me.device), allreduce_s={})
     for name, numel in cfg['allreduce_numels'].items():
         x = torch.ones(numel, device=me.device)
-        result['allreduce_s'][name] = median([_timed_all_reduce(x, me.device)
-                                              for _ in range(2 + 1)][1:])
+        result['allreduce_s'][name] = all_reduce_seconds(x, me.device, ALLREDUCE_REPEATS)
     return result
+
+
+SWEEP_REFERENCES = {'backward_s': 'backward', 'allreduce_alone_s': 'alone', 'after_s': 'after'}
 
 
 def bucket_sweep(rank, world_size, config):
     """Exercise 4: backward with bucketed all-reduces for each bucket cap in `caps_mb` (MiB),
-    beside backward alone and an all-reduce of the whole gradient alone, timed in turns for
-    `repeats` rounds after one warm-up. Returns {'buckets': {cap: count}, 'times': {name:
-    rounds}} and each name's median, where a name is a cap or 'backward_s',
-    'allreduce_alone_s' or 'sequential_s' (their sum, round by round)."""
+    beside backward alone, an all-reduce of the whole gradient alone, and backward then one
+    all-reduce, timed in turns for `repeats` rounds (each the median of `passes` timings)
+    after one warm-up. Returns {'buckets': {cap: count}, 'times': {name: rounds}} and each
+    name's median, where a name is a cap, 'backward_s', 'allreduce_alone_s', 'after_s' or
+    'sequential_s' (backward alone + the all-reduce alone, round by round); and
+    'small_allreduce_s', one all-reduce of SMALL_MESSAGE_BYTES alone: the fixed cost that
+    every all-reduce pays, whatever its size."""
     cfg = check_config(config, SWEEP_DEFAULTS)
     me = _Rank(cfg)
     syncs = {cap: BucketedAllReduce(me.net.parameters(), cap * 2**20) for cap in cfg['caps_mb']}
-    times = {name: [] for name in [*syncs, 'backward_s', 'allreduce_alone_s']}
-    for _ in range(cfg['repeats'] + 1):
+    times = {name: [] for name in [*syncs, *SWEEP_REFERENCES]}
+    for repeat in range(cfg['repeats'] + 1):
+        passes = cfg['passes'] if repeat else 1   # the first round warms up
         for cap, sync in syncs.items():
-            times[cap].append(me.seconds(me.net, 'bucketed', sync))
-        times['backward_s'].append(me.seconds(me.net, 'backward'))
-        times['allreduce_alone_s'].append(me.seconds(None, 'alone'))
+            times[cap].append(me.round_seconds(passes, me.net, 'bucketed', sync))
+        for name, how in SWEEP_REFERENCES.items():
+            times[name].append(me.round_seconds(passes, me.net, how))
     times = {name: t[1:] for name, t in times.items()}
     times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
                                                    times['allreduce_alone_s'])]
+    small = torch.ones(SMALL_MESSAGE_BYTES // 4, device=me.device)
     return {'buckets': {cap: len(s.buckets) for cap, s in syncs.items()}, 'times': times,
-            **{name: median(t) for name, t in times.items()}}
+            **{name: median(t) for name, t in times.items()},
+            'small_allreduce_bytes': small.numel() * small.element_size(),
+            'small_allreduce_s': all_reduce_seconds(small, me.device, SMALL_REPEATS)}
+
+
+def all_reduce_seconds(x, device, repeats):
+    """Median seconds of `repeats` all-reduces of x alone (the slower rank's), after one to
+    warm up. A single one can take ten times its median, right after other work."""
+    return median([_timed_all_reduce(x, device) for _ in range(repeats + 1)][1:])
 
 
 def _timed_all_reduce(x, device):
@@ -244,28 +269,45 @@ def _timed_all_reduce(x, device):
 
 # What the experiment's names mean, in the order a table lists them.
 TIMINGS = {'backward_s': 'backward alone', 'allreduce_alone_s': 'all-reduce alone',
-           'copy_s': 'flatten, average, copy back', 'sequential_s': 'backward + all-reduce',
+           'copy_s': 'flatten, average, copy back',
+           'sequential_s': 'backward + all-reduce, each alone',
            'after_s': 'backward, then one all-reduce', 'bucketed_s': 'backward with our buckets',
            'ddp_s': 'DDP'}
-BAR_COLORS = {'backward_s': 'gray', 'allreduce_alone_s': 'silver', 'sequential_s': None,
-              'after_s': 'C1', 'bucketed_s': 'C0', 'ddp_s': 'C2'}
+BAR_COLORS = {'backward_s': 'gray', 'allreduce_alone_s': 'silver', 'copy_s': 'tan',
+              'sequential_s': None, 'after_s': 'C1', 'bucketed_s': 'C0', 'ddp_s': 'C2'}
 
 
-def timing_rows(result, names=None):
+def timing_rows(result, names=None, reference=None):
     """Rows for report.table: each timing's median, fastest and slowest round (seconds).
-    names: {key: row label}; TIMINGS by default (the overlap experiment)."""
+    names: {key: row label}; TIMINGS by default (the overlap experiment). reference: a key;
+    each row then also gets its median over the reference's ('time / reference') and whether
+    its rounds differ from the reference's under the noise rule ('beyond noise', from
+    stats.compare, the same rule as every verdict)."""
     names = names or TIMINGS
-    return {label: {'median': result[key], 'fastest': min(result['times'][key]),
+    rows = {label: {'median': result[key], 'fastest': min(result['times'][key]),
                     'slowest': max(result['times'][key])} for key, label in names.items()}
+    for key, label in names.items() if reference is not None else ():
+        c = compare(result['times'][key], result['times'][reference], label, reference)
+        rows[label].update({'time / reference': c.a_median / c.b_median,
+                            'beyond noise': c.differs})
+    return rows
+
+
+def perfect_overlap_s(ov):
+    """The best a bucketed backward could do: the device must still run backward and the
+    copies (flatten, average, copy back), the link the all-reduce; at best the shorter of the
+    two hides entirely under the longer. From the medians measured alone."""
+    return max(ov['backward_s'] + ov['copy_s'], ov['allreduce_alone_s'])
 
 
 def plot_overlap(ov):
     """The overlap experiment as bars: each timing's median, with a line from its fastest to
-    its slowest round. 'backward + all-reduce' stacks the two measured alone (nothing
-    overlaps: the reference the others are compared with, also drawn as a dotted line); the
-    dashed line is the larger of the two (perfect overlap). Returns the figure."""
+    its slowest round. 'backward + all-reduce, each alone' stacks the two measured alone;
+    three lines mark the references: no overlap without the copies (that sum, dotted), no
+    overlap with them (backward, then one all-reduce, dash-dotted), and perfect overlap
+    (perfect_overlap_s, dashed). Returns the figure."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for i, (key, color) in enumerate(BAR_COLORS.items()):
         ms, median_ms = [1e3 * t for t in ov['times'][key]], 1e3 * ov[key]
         error = [[median_ms - min(ms)], [max(ms) - median_ms]]
@@ -277,10 +319,13 @@ def plot_overlap(ov):
             ax.barh(i, median_ms, color=color, xerr=error, capsize=3)
     ax.set_yticks(range(len(BAR_COLORS)), [TIMINGS[key] for key in BAR_COLORS])
     ax.axvline(1e3 * ov['sequential_s'], color='k', ls=':',
-               label='no overlap: backward + all-reduce, each measured alone')
-    ax.axvline(1e3 * max(ov['backward_s'], ov['allreduce_alone_s']), color='k', ls='--',
-               label='perfect overlap: the larger of the two')
+               label='no overlap, without the copies: backward + all-reduce, each alone')
+    ax.axvline(1e3 * ov['after_s'], color='C1', ls='-.',
+               label='no overlap, with the copies: backward, then one all-reduce')
+    ax.axvline(1e3 * perfect_overlap_s(ov), color='k', ls='--',
+               label='perfect overlap: the longer of backward + copies and the all-reduce')
     ax.invert_yaxis()
     ax.set(xlabel='milliseconds per backward pass, gradients averaged')
     ax.legend(loc='lower left', bbox_to_anchor=(0, 1), frameon=False, fontsize=8)
+    fig.tight_layout()
     return fig

@@ -1078,6 +1078,7 @@ def plan_06(machine, num_gpus=2, device_counts=(1, 2), batch_size=None, width=No
 
 
 OVERLAP_REPEATS_06 = 7           # rounds of the overlap experiment (after one warm-up)
+OVERLAP_PASSES_06 = 5            # timings per variant and round; a round keeps their median
 
 
 def setup_06(*, num_gpus=2, batch_size=None, lr=0.1, num_epochs=None, num_train=None,
@@ -1164,7 +1165,8 @@ def setup_06(*, num_gpus=2, batch_size=None, lr=0.1, num_epochs=None, num_train=
                   'num_train': sizes['num_train'], 'num_test': sizes['num_test'],
                   'width': sizes['width'], 'data_source': data_source, 'timeout': 60}
     overlap_config = {'width': plan['overlap_width'], 'batch': plan['overlap_batch'],
-                      'bucket_mb': 4, 'repeats': OVERLAP_REPEATS_06}
+                      'bucket_mb': 4, 'repeats': OVERLAP_REPEATS_06,
+                      'passes': OVERLAP_PASSES_06}
     return Setup(why, machine=machine, plan=plan, num_gpus=num_gpus, lr=lr,
                  device_counts=counts, process_counts=process_counts, master_port=master_port,
                  data_source=data_source, gpus=gpus, on_gpu=bool(gpus), own_devices=own_devices,

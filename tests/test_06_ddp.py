@@ -92,7 +92,7 @@ def test_buckets_follow_reverse_parameter_order_and_respect_the_cap():
 
 
 def test_bucketed_all_reduce_equals_one_all_reduce_after_backward_and_ddp():
-    config = {'width': 8, 'batch': 2, 'bucket_mb': 0.05, 'repeats': 2,
+    config = {'width': 8, 'batch': 2, 'bucket_mb': 0.05, 'repeats': 2, 'passes': 2,
               'allreduce_numels': {'a': 1000}}
     results = launch.run_workers(overlap.overlap_worker, 2, config, timeout=120)
     for r in results:
@@ -108,13 +108,17 @@ def test_bucketed_all_reduce_equals_one_all_reduce_after_backward_and_ddp():
 
 
 def test_bucket_sweep_times_each_cap_beside_the_reference():
-    config = {'width': 8, 'batch': 2, 'caps_mb': [0.01, 0.1, 1024], 'repeats': 1}
+    config = {'width': 8, 'batch': 2, 'caps_mb': [0.01, 0.1, 1024], 'repeats': 1,
+              'passes': 1}
     r = launch.run_workers(overlap.bucket_sweep, 2, config, timeout=120)[0]
     counts = [r['buckets'][cap] for cap in config['caps_mb']]
     assert counts == sorted(counts, reverse=True) and counts[0] > counts[1] and counts[-1] == 1
     assert set(r['times']) == {*config['caps_mb'], 'backward_s', 'allreduce_alone_s',
-                               'sequential_s'}
+                               'after_s', 'sequential_s'}
     assert all(len(t) == 1 and t[0] > 0 and r[k] == t[0] for k, t in r['times'].items())
+    # a tiny all-reduce alone: the fixed cost that each extra bucket adds at least
+    assert r['small_allreduce_bytes'] == overlap.SMALL_MESSAGE_BYTES
+    assert r['small_allreduce_s'] > 0
 
 
 def test_overlap_chart_draws_every_timing_and_both_references():
@@ -126,15 +130,34 @@ def test_overlap_chart_draws_every_timing_and_both_references():
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels == [overlap.TIMINGS[k] for k in overlap.BAR_COLORS]
-    assert 'backward + all-reduce' in labels and len(ax.patches) == len(labels) + 1  # stacked
-    lines = {round(line.get_xdata()[0], 6) for line in ax.get_lines() if line.get_linestyle()
-             in (':', '--')}
-    assert lines == {round(1e3 * ov['sequential_s'], 6),
-                     round(1e3 * max(ov['backward_s'], ov['allreduce_alone_s']), 6)}
+    assert 'backward + all-reduce, each alone' in labels
+    assert len(ax.patches) == len(labels) + 1   # one bar stacks backward and the all-reduce
+    lines = {line.get_linestyle(): round(line.get_xdata()[0], 6) for line in ax.get_lines()
+             if line.get_linestyle() in (':', '-.', '--')}
+    # no overlap without the copies, no overlap with them, and perfect overlap: the device
+    # still runs backward and the copies, the link the all-reduce
+    perfect = max(ov['backward_s'] + ov['copy_s'], ov['allreduce_alone_s'])
+    assert lines == {':': round(1e3 * ov['sequential_s'], 6),
+                     '-.': round(1e3 * ov['after_s'], 6), '--': round(1e3 * perfect, 6)}
+    assert overlap.perfect_overlap_s(ov) == perfect
+
+
+def test_timing_rows_set_each_timing_beside_the_reference_by_the_noise_rule():
+    times = {'after_s': [0.040, 0.041, 0.042], 'fast': [0.030, 0.031, 0.032],
+             'close': [0.041, 0.043, 0.045]}
+    result = {'times': times, **{k: stats.median(t) for k, t in times.items()}}
+    rows = overlap.timing_rows(result, {'fast': 'fast', 'close': 'close', 'after_s': 'ref'},
+                               reference='after_s')
+    assert rows['fast']['time / reference'] == pytest.approx(0.031 / 0.041)
+    assert rows['fast']['beyond noise'] and not rows['close']['beyond noise']
+    assert rows['ref']['time / reference'] == 1 and not rows['ref']['beyond noise']
+    assert rows['fast']['fastest'] == 0.030 and rows['fast']['slowest'] == 0.032
+    assert 'beyond noise' not in overlap.timing_rows(result, {'fast': 'fast'})['fast']
 
 
 @pytest.mark.parametrize('config, message', [
     ({'width': 0}, 'width must be'), ({'bucket_mb': 0}, 'bucket_mb must be'),
+    ({'passes': 0}, 'passes must be'),
     ({'allreduce_numels': {'x': 0}}, "allreduce_numels\\['x'\\] must be"),
     ({'buckets': 3}, 'unknown setting'),
 ])
@@ -287,7 +310,10 @@ def test_06_default_run_learns_and_records_its_measurements(default_run):
     rounds = zip(ob['times']['backward_s'], ob['times']['allreduce_alone_s'],
                  ob['times']['sequential_s'])
     assert all(s == pytest.approx(b + a) for b, a, s in rounds)
-    assert ob['perfect_overlap_s'] < ob['sequential_s']
+    # perfect overlap: backward and the copies on the device, the all-reduce on the link
+    assert ob['perfect_overlap_s'] == pytest.approx(max(ob['backward_s'] + ob['copy_s'],
+                                                        ob['allreduce_alone_s']))
+    assert ob['perfect_overlap_s'] < ob['sequential_s'] + ob['copy_s']
     # exercise 1: one step is linear in the learning rate (k times it, k times as far)
     steps_b, one_step, scaled = results['lr_scaling'].values()
     assert scaled['moved'] == pytest.approx(4 * one_step['moved'], rel=1e-3)
