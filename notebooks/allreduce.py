@@ -8,6 +8,7 @@ because spawned processes must import them.
 """
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -103,6 +104,23 @@ def ring_allreduce(tensor, ranks=None, segments=None, window=2):
     return tensor
 
 
+def ring_both_ways(tensor, ranks=None):
+    """Sum `tensor` over `ranks` as two rings at once: its first half clockwise, its second
+    half counter-clockwise (the ranks reversed), the second in a thread of its own. With three
+    or more processes each ring has its own ordered pairs of neighbours, so a process sends
+    to both of them, and receives from both, at the same time."""
+    ranks = list(range(dist.get_world_size()) if ranks is None else ranks)
+    if len(ranks) < 3:
+        raise ValueError(f'two opposite rings need at least 3 processes (with 2, both '
+                         f'directions are the same ring), got {len(ranks)}')
+    forward, backward = tensor.view(-1).tensor_split(2)
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(ring_allreduce, backward, ranks[::-1])
+        ring_allreduce(forward, ranks)
+        other.result()  # raises here what the other ring raised
+    return tensor
+
+
 def naive_allreduce(tensor, ranks=None):
     """Sum over `ranks` by sending everything to the first rank and back: the root's link
     carries 2(n-1) full tensors while the others idle."""
@@ -175,7 +193,10 @@ def benchmark_worker(rank, world_size, sizes_bytes, repeats, group_sizes, segmen
     'race:dist.all_reduce' and 'race:<segments>', rank 0's CPU seconds per race entry as
     'cpu:dist.all_reduce' and 'cpu:<segments>', and dist.all_reduce's time over the ring's,
     repeat by repeat, as 'paired:<segments>' (each repeat runs both, one right after the
-    other: a busy moment slows both alike). The other ranks return None.
+    other: a busy moment slows both alike), and as 'paired' for the ring's default segments.
+    At the largest size, 'cpus:p2p' and 'cpus:shift' hold the CPU seconds of every process
+    together per message or shift (the sender's and the receiver's work). The other ranks
+    return None.
     """
     big = sizes_bytes[-1]
     missing = {n: ring_segments(big // 4, 4, n) for n in group_sizes} if segment_counts else {}
@@ -217,6 +238,10 @@ def benchmark_worker(rank, world_size, sizes_bytes, repeats, group_sizes, segmen
         samples.setdefault(key, []).append((time.perf_counter() - tik) / number)
         if key[0].startswith('race:'):
             samples.setdefault(('cpu:' + key[0][5:], *key[1:]), []).append(cpu)
+        elif key[0] in ('p2p', 'shift') and key[2] == big:  # every process's CPU, summed
+            total = torch.tensor([cpu / number], dtype=torch.float64)
+            dist.all_reduce(total)
+            samples.setdefault(('cpus:' + key[0], *key[1:]), []).append(total.item())
 
     for size in sizes_bytes:
         x, inbox = torch.ones(size // 4), torch.empty(size // 4)
@@ -229,7 +254,9 @@ def benchmark_worker(rank, world_size, sizes_bytes, repeats, group_sizes, segmen
         for name, n, fn in cases:
             for _ in range(repeats + 1):  # the first sample warms up
                 sample((name, n, size), fn, x, n, number)
-            samples[name, n, size].pop(0)
+            for key in [(name, n, size), ('cpus:' + name, n, size)]:
+                if key in samples:
+                    samples[key].pop(0)
     if segment_counts:
         x = torch.ones(big // 4)
         for n in group_sizes:
@@ -248,8 +275,34 @@ def benchmark_worker(rank, world_size, sizes_bytes, repeats, group_sizes, segmen
                                           samples[f'race:{s}', n, big])]
             default = ring_segments(big // 4, 4, n)
             samples['ring', n, big] = samples[f'race:{default}', n, big]
+            samples['paired', n, big] = samples[f'paired:{default}', n, big]
             samples['dist.all_reduce', n, big] = samples['race:dist.all_reduce', n, big]
     return samples if rank == 0 else None
+
+
+def both_directions_worker(rank, world_size, numel, repeats):
+    """Time ring_allreduce (one direction) against ring_both_ways over all ranks on the same
+    float32 data, interleaved, `repeats` times after a warm-up. Rank 0 returns
+    {'one direction': [seconds, ...], 'both directions': [...], 'max_rel_diff': the largest
+    |difference| of either result from dist.all_reduce's, relative to its largest |sum|}."""
+    _joined()
+    data = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    expected = data.clone()
+    dist.all_reduce(expected)
+    ways = {'one direction': ring_allreduce, 'both directions': ring_both_ways}
+    times, worst = {way: [] for way in ways}, 0.0
+    for _ in range(repeats + 1):  # the first round warms up
+        for way, reduce in ways.items():
+            x = data.clone()
+            dist.barrier()
+            tik = time.perf_counter()
+            reduce(x)
+            dist.barrier()
+            times[way].append(time.perf_counter() - tik)
+            worst = max(worst, ((x - expected).abs().max() / expected.abs().max()).item())
+    if rank != 0:
+        return None
+    return {**{way: t[1:] for way, t in times.items()}, 'max_rel_diff': worst}
 
 
 # ------------------------------------------------------- reading what the workers timed
@@ -278,13 +331,22 @@ def size_name(nbytes):
     return f'{nbytes / 2**20:g} MB' if nbytes >= 2**20 else f'{nbytes / 1024:g} KB'
 
 
+def beats(samples, n, size, a, b):
+    """Whether `a` beat `b` on n processes at `size` bytes (None: no difference measured):
+    the ring against dist.all_reduce by the race's paired repeats where the race ran
+    (stats.compare_paired on samples['paired', n, size]), anything else by stats.compare."""
+    if {a, b} == {'ring', 'dist.all_reduce'} and ('paired', n, size) in samples:
+        ring_better = stats.compare_paired(samples['paired', n, size], 'ring', 'gloo').a_is_better
+        return ring_better if a == 'ring' or ring_better is None else not ring_better
+    return stats.compare(samples[a, n, size], samples[b, n, size], a, b).a_is_better
+
+
 def fastest(samples, n, size, names=ALGORITHMS):
-    """The name among `names` whose repeats beat every other's under the noise rule
-    (stats.compare) on n processes at `size` bytes, or 'no single one' where none does."""
+    """The name among `names` that beat every other under the noise rule (`beats`) on n
+    processes at `size` bytes, or 'no single one' where none did."""
     timed = [a for a in names if (a, n, size) in samples]
     for a in timed:
-        if all(stats.compare(samples[a, n, size], samples[b, n, size], a, b).a_is_better
-               for b in timed if b != a):
+        if all(beats(samples, n, size, a, b) for b in timed if b != a):
             return a
     return 'no single one'
 
@@ -294,22 +356,27 @@ def crossover(samples, n, sizes, a='ring', b='naive'):
     larger one, or None where it does not at the largest."""
     found = None
     for size in reversed(sizes):
-        if not stats.compare(samples[a, n, size], samples[b, n, size], a, b).a_is_better:
+        if not beats(samples, n, size, a, b):
             break
         found = size
     return found
 
 
+# A verdict's a_is_better as one word for a table: 'faster' means the first-named was faster.
 VERDICT_WORDS = {True: 'faster', False: 'slower', None: 'no difference'}
 
 
-def ring_vs_gloo_verdicts(samples, group_sizes, default_segments, size):
-    """{n: 'faster' | 'slower' | 'no difference'}: the ring with its default segments against
-    dist.all_reduce in the race at `size`, by the noise rule over the race's repeats."""
-    return {n: VERDICT_WORDS[stats.compare(samples[f'race:{default_segments[n]}', n, size],
-                                           samples['race:dist.all_reduce', n, size],
-                                           'ring', 'gloo').a_is_better]
-            for n in group_sizes}
+def span(values):
+    """The smallest and largest of some repeats, as a table shows them: '0.95 to 1.13'."""
+    return f'{min(values):.2f} to {max(values):.2f}'
+
+
+def model_word(check):
+    """A stats.against_model result as one word for a table: 'agrees' (within its tolerance),
+    'above' or 'below' the model."""
+    if check.agrees:
+        return 'agrees'
+    return 'above' if check.off > 0 else 'below'
 
 
 def benchmark_record(timing, busbw, group_sizes, sizes):
@@ -374,19 +441,34 @@ def plot_timings(timing, sizes, n_values, model=None, busbw=None, title='all-red
     return fig
 
 
-def plot_race(ratio_by_segments, title):
-    """The race: dist.all_reduce's time over the ring's against segments per chunk, one line
-    per n, with the band of +-5% around 1 that the noise rule calls no difference. Returns
-    the figure."""
+def plot_race(paired, title):
+    """The race: dist.all_reduce's time over the ring's against segments per chunk, judged as
+    stats.compare_paired judges it. paired: {n: {segments: [ratio per repeat, ...]}}. One line
+    per n through the medians, a bar from each point's smallest to its largest repeat, and
+    the band around 1 that counts as no difference: a filled marker where every repeat lies
+    beyond the band on one side (a difference), an open one where not. Returns the figure."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(4.5, 2.8))
-    segments = sorted({s for ratios in ratio_by_segments.values() for s in ratios})
-    for n, ratios in ratio_by_segments.items():
-        ax.plot(segments, [ratios[s] for s in segments], 'o-', label=f'n={n}')
-    ax.axhspan(1 - stats.NOISE_FLOOR, 1 + stats.NOISE_FLOOR, color='gray', alpha=0.2,
-               label='within 5% of gloo')
+    from matplotlib.lines import Line2D
+    fig, ax = plt.subplots(figsize=(5, 3))
+    segments = sorted({s for ratios in paired.values() for s in ratios})
+    band = (1 - stats.NOISE_FLOOR, 1 + stats.NOISE_FLOOR)
+    for k, (n, by_segments) in enumerate(paired.items()):
+        judged = [stats.compare_paired(by_segments[s], 'ring', 'gloo') for s in segments]
+        xs = [s * 1.06 ** k for s in segments]  # side by side, not on top of each other
+        bars = [[c.ratio - min(c.ratios) for c in judged], [max(c.ratios) - c.ratio
+                                                            for c in judged]]
+        line = ax.errorbar(xs, [c.ratio for c in judged], yerr=bars, fmt='-', capsize=2,
+                           label=f'n={n}')
+        color = line[0].get_color()
+        for x, c in zip(xs, judged):
+            ax.plot(x, c.ratio, 'o', color=color, mfc=color if c.differs else 'white')
+    ax.axhspan(*band, color='gray', alpha=0.2, label=f'within {stats.NOISE_FLOOR:.0%} of 1')
     ax.axhline(1, color='k', lw=0.8)
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], marker='o', ls='', color='k', label='every repeat outside'),
+                Line2D([], [], marker='o', ls='', color='k', mfc='white',
+                       label='some repeat inside')]
     ax.set(xscale='log', xlabel='segments per chunk', xticks=segments, xticklabels=segments,
-           ylabel='ring busbw / all_reduce busbw', title=title)
-    ax.legend(fontsize=8)
+           ylabel='all_reduce time / ring time', title=title)
+    ax.legend(handles=handles, fontsize=7)
     return fig

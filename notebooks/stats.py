@@ -247,3 +247,72 @@ def fit_line_robust(x, y):
         raise ValueError('fit_line_robust needs at least two distinct x values')
     slope = median(slopes)
     return median([b - slope * a for a, b in zip(x, y)]), slope
+
+
+# What a verdict on paired repeats says. {a} and {b} are the names, {ratio} the median of b's
+# time over a's, {lo} and {hi} the smallest and largest of those ratios, {k} how many.
+PAIRED_TEMPLATES = {
+    'same': ('No difference measured between {a} and {b}: over {k} paired repeats, {b} took '
+             '{lo}x to {hi}x the time of {a}, not all more than {noise:.0%} from 1 on one side.'),
+    'faster': ('{a} was {factor}x faster than {b} (median of {k} paired repeats, in which {b} '
+               'took {lo}x to {hi}x the time of {a}).'),
+    'slower': ('{a} was {factor}x slower than {b} (median of {k} paired repeats, in which {b} '
+               'took {lo}x to {hi}x the time of {a}).'),
+}
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Two things timed in pairs (each repeat runs both, one right after the other, so a busy
+    moment slows both alike), judged by their ratios: b's time over a's, one per repeat."""
+    a: str
+    b: str
+    ratios: tuple
+
+    @property
+    def ratio(self):
+        """The median of b's time over a's: above 1, a was faster."""
+        return median(self.ratios)
+
+    @property
+    def band(self):
+        """The ratios that count as no difference: within NOISE_FLOOR of 1."""
+        return 1 - NOISE_FLOOR, 1 + NOISE_FLOOR
+
+    @property
+    def differs(self):
+        """Every repeat's ratio beyond the band, all on the same side."""
+        lo, hi = spread(self.ratios)
+        return lo > self.band[1] or hi < self.band[0]
+
+    @property
+    def a_is_better(self):
+        """Whether a took less time (None when no difference was measured)."""
+        return self.ratio > 1 if self.differs else None
+
+    @property
+    def verdict(self):
+        lo, hi = spread(self.ratios)
+        words = {'a': self.a, 'b': self.b, 'lo': f'{lo:.2f}', 'hi': f'{hi:.2f}',
+                 'k': len(self.ratios), 'noise': NOISE_FLOOR}
+        if not self.differs:
+            return _sentence(PAIRED_TEMPLATES['same'].format(**words))
+        outcome = 'faster' if self.a_is_better else 'slower'
+        factor = self.ratio if self.a_is_better else _divide(1, self.ratio)
+        return _sentence(PAIRED_TEMPLATES[outcome].format(factor=_times(factor), **words))
+
+    def __str__(self):
+        return self.verdict
+
+
+def compare_paired(ratios, a_name, b_name):
+    """Judge a against b from paired repeats: `ratios` holds b's time over a's, one per repeat
+    (above 1: a was faster in that repeat). A difference is measured only when every ratio lies
+    more than NOISE_FLOOR from 1, all on the same side; the size reported is their median.
+    Returns a PairedComparison (.verdict, .a_is_better, .ratio, .differs, .band)."""
+    values = tuple(float(r) for r in ratios)
+    if not values:
+        raise ValueError('compare_paired needs at least one ratio')
+    if any(not math.isfinite(r) or r <= 0 for r in values):
+        raise ValueError(f'paired ratios must be positive and finite, got {values}')
+    return PairedComparison(a_name, b_name, values)

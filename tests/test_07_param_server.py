@@ -110,6 +110,14 @@ def test_reading_the_benchmark_applies_the_noise_rule():
     assert [ar.size_name(s) for s in ar.message_sizes(64)] == [
         '4 KB', '64 KB', '1 MB', '16 MB', '64 MB']
     assert ar.race_segments([4, 16], 2**26, [2, 4]) == [1, 2, 4, 8, 16]  # plain ring, defaults
+    # where the race ran, the ring meets dist.all_reduce by its paired repeats only
+    samples['ring', 4, 2**26], samples['dist.all_reduce', 4, 2**26] = fast, slow
+    samples['paired', 4, 2**26] = [0.93, 1.13, 1.20]  # one repeat within 5% of 1
+    assert ar.beats(samples, 4, 2**26, 'ring', 'dist.all_reduce') is None
+    assert ar.fastest(samples, 4, 2**26) == 'no single one'
+    samples['paired', 4, 2**26] = [1.10, 1.13, 1.20]
+    assert ar.beats(samples, 4, 2**26, 'dist.all_reduce', 'ring') is False
+    assert ar.fastest(samples, 4, 2**26) == 'ring' and ar.span([1.2, 0.951]) == '0.95 to 1.20'
 
 
 def test_sgd_problem_replays_the_servers_batches_in_order():
@@ -124,6 +132,8 @@ def test_sgd_problem_replays_the_servers_batches_in_order():
 def test_ring_needs_two_processes_and_picks_segments_by_size():
     with pytest.raises(ValueError, match='at least 2 processes, got 1'):
         ar.ring_allreduce(torch.ones(3), ranks=[0])
+    with pytest.raises(ValueError, match='at least 3 processes'):
+        ar.ring_both_ways(torch.ones(3), ranks=[0, 1])
     assert ar.ring_segments(2**24, 4, 2, cores=2) == 8   # 32 MiB chunks: 4 MiB pieces
     assert ar.ring_segments(2**24, 4, 4, cores=2) == 2   # 4 processes on 2 cores: 8 MiB
     assert ar.ring_segments(2**24, 4, 4, cores=4) == 4
@@ -265,6 +275,25 @@ def test_default_run_records_what_the_issues_ask(default_run):
     assert all(c is None or c in r['sizes_bytes'] for c in r['crossover_bytes'].values())
     assert r['restart'] == {'resumed_at_step': 4, 'failed_at_step': 5,
                             'equals_uninterrupted': True}
+    # pipelining, judged by the same paired rule: a verdict points the way its ratio points
+    for n, row in r['pipelining'].items():
+        assert row['verdict'] in {'faster', 'slower', 'no difference'}
+        assert {'faster': row['plain / pipelined'] > 1,
+                'slower': row['plain / pipelined'] < 1}.get(row['verdict'], True), (n, row)
+    for n, (lo, hi) in r['ring_vs_gloo_range'].items():  # a difference needs every repeat out
+        assert lo <= r['ring_vs_gloo_busbw'][n] <= hi
+        if r['ring_vs_gloo_verdict'][n] != 'no difference':
+            assert lo > 1.05 or hi < 0.95, (n, lo, hi)
+    # exercise 1: two opposite rings give the sums of one
+    both = r['exercise_both_directions']
+    assert both['max_rel_diff'] < 1e-5 and both['processes'] >= 3
+    assert len(both['one direction']) == len(both['both directions']) >= 1
+    assert both['model_s']['switch']['both directions'] == pytest.approx(
+        both['model_s']['switch']['one direction'])
+    assert both['model_s']['ring of cables']['both directions'] == pytest.approx(
+        both['model_s']['ring of cables']['one direction'] / 2)
+    assert r['lone_link_cores_busy'] > 0 and set(r['shift_cores_busy']) == set(
+        r['ring_vs_gloo_busbw'])
     losses = r['staleness_loss']
     assert losses['lr x8']['16'] / losses['lr x8']['0'] > losses['lr x1']['16'] / losses[
         'lr x1']['0']

@@ -142,3 +142,23 @@ def test_a_zero_median_gives_a_verdict_instead_of_a_crash():
 def test_large_factors_read_as_a_person_writes_them():
     assert '1,548x faster' in stats.compare([1.0], [1548.0], 'a', 'b').verdict
     assert '14.5x faster' in stats.compare([1.0], [14.5], 'a', 'b').verdict
+
+
+def test_compare_paired_calls_a_difference_only_when_every_repeat_agrees():
+    faster = stats.compare_paired([1.10, 1.20, 1.08], 'our ring', 'gloo')
+    assert faster.differs and faster.a_is_better is True and faster.ratio == pytest.approx(1.10)
+    assert faster.verdict == ('Our ring was 1.10x faster than gloo (median of 3 paired repeats, '
+                              'in which gloo took 1.08x to 1.20x the time of our ring).')
+    slower = stats.compare_paired([0.80, 0.90, 0.85], 'our ring', 'gloo')
+    assert slower.a_is_better is False and '1.18x slower' in slower.verdict
+    # a median outside the band, but one repeat inside it: no difference
+    mixed = stats.compare_paired([0.93, 1.13, 1.20], 'our ring', 'gloo')
+    assert not mixed.differs and mixed.a_is_better is None and mixed.ratio > 1.05
+    assert mixed.verdict.startswith('No difference measured between our ring and gloo')
+    assert 'over 3 paired repeats, gloo took 0.93x to 1.20x the time of our ring' in mixed.verdict
+    assert stats.compare_paired([1.04], 'a', 'b').a_is_better is None  # within 5%, one repeat
+    assert mixed.band == (1 - stats.NOISE_FLOOR, 1 + stats.NOISE_FLOOR)
+    with pytest.raises(ValueError, match='at least one ratio'):
+        stats.compare_paired([], 'a', 'b')
+    with pytest.raises(ValueError, match='positive and finite'):
+        stats.compare_paired([1.0, float('nan')], 'a', 'b')
