@@ -1328,7 +1328,15 @@ def setup_07(*, max_processes=4, message_mb=None, bench_repeats=3, race_repeats=
 
 # ------------------------------------------------------------------------------- notebook 08
 ZERO_STRATEGIES = 4             # ddp, zero1, zero2, fsdp: each trained in every run
+# The main runs' strategies: those four, and FSDP keeping the gathered layers for backward
+# (zero.py's 'fsdp_keep'), the reference that isolates ZeRO-3's extra all-gather
+ZERO_MAIN_STRATEGIES = ('ddp', 'zero1', 'zero2', 'fsdp', 'fsdp_keep')
+# Exercise 1's timing at the largest k (zero.regather_worker's defaults): FSDP and FSDP kept for
+# backward take turns in blocks of ZERO_REGATHER_BLOCK steps, a warm-up block and
+# ZERO_REGATHER_REPEATS more each; counted as strategy-runs of ZERO_STEPS steps
 ZERO_STEPS = 8                  # 2 warm-up, 5 timed and 1 counted step per strategy and run
+ZERO_REGATHER_REPEATS, ZERO_REGATHER_BLOCK = 5, 8
+ZERO_REGATHER_RUNS = 2 * (1 + ZERO_REGATHER_REPEATS) * ZERO_REGATHER_BLOCK / ZERO_STEPS
 ZERO_BATCH_PER_RANK = 32
 # One process's training step on a CPU, per parameter, in matmul-FLOP equivalents: forward and
 # backward are 6 x 32 = 192 FLOPs; Adam, the shard copies and loopback communication through
@@ -1391,7 +1399,8 @@ def plan_08(machine, max_processes=4, device_counts=None):
     counts = sorted(set(device_counts or [2**i for i in range(8) if 2**i < max_processes]
                         + [max_processes]))
     on_gpus = machine.on_gpu and machine.gpus >= max(counts)
-    main_runs = [(k, ZERO_STRATEGIES) for k in counts]
+    main_runs = [(k, len(ZERO_MAIN_STRATEGIES)) for k in counts] + [
+        (max(counts), ZERO_REGATHER_RUNS)]  # exercise 1's blocks, at the largest k
     small_runs = [(2, 5), (2, 0)]  # the exercises' run and the crash
     cores = machine.host_cores
     host = on_device(machine, torch.device('cpu'))  # where the CPU processes run
@@ -1418,8 +1427,10 @@ def plan_08(machine, max_processes=4, device_counts=None):
         # DDP's 16 bytes a parameter, twice over for transient copies, on each GPU
         return Plan({'hidden': ZERO_GPU_HIDDEN, 'backend': 'nccl', 'cpu_hidden': cpu_hidden},
                     seconds, device_bytes=2 * 16 * psi, host_bytes=max(counts) * 16 * psi,
-                    why=f'{max(counts)} GPU(s) for {max(counts)} process(es): nccl, about '
-                        f'{psi / 1e6:.0f} M parameters.' + (
+                    why=f'{max(counts)} GPU(s) for {max(counts)} process(es): nccl, '
+                        f'hidden={ZERO_GPU_HIDDEN} (about {psi / 1e6:.0f} M parameters); the '
+                        f'runs should take about {seconds:.0f} s here, within a '
+                        f'{budget("08", machine):.0f} s budget.' + (
                             f' The 2-process runs go to CPU processes at hidden={cpu_hidden}.'
                             if machine.gpus < 2 else ''))
     hidden = cpu_width(main_runs + small_runs, ZERO_FIXED_S + exact_s)
@@ -1427,15 +1438,17 @@ def plan_08(machine, max_processes=4, device_counts=None):
     psi = zero_parameters(hidden)
     over = (f' Even the narrowest takes about {seconds:.0f} s: starting {max(counts)} '
             'processes dominates.' if seconds > cpu_limit else '')
-    where = (f'{machine.gpus} GPU(s) for {max(counts)} processes: CPU processes over gloo on the '
-             f'host, sized to the CPU\'s budget, so that every k runs the same way. '
-             if machine.on_gpu else '')
+    where = (f'{machine.gpus} GPU(s) for {max(counts)} processes, so every k runs on the host '
+             f'and is sized to the CPU\'s budget: ' if machine.on_gpu else '')
+    widest = ('the widest a CPU runs (no lesson here needs more)'
+              if hidden == ZERO_CPU_WIDTHS[0] else 'the widest that fits')
     return Plan({'hidden': hidden, 'backend': 'gloo', 'cpu_hidden': hidden}, seconds,
                 host_bytes=max(counts) * (2 * 16 * psi + 400 * 2**20),  # + torch per process
-                why=f'{where}hidden={hidden} ({psi / 1e6:.2f} M parameters) fits '
-                    f'{cpu_limit:.0f} s on {cores} cores, with the float64 check at '
-                    f'hidden={ZERO_EXACT_HIDDEN}; hidden={ZERO_GPU_HIDDEN} is the size GPUs '
-                    f'run.{over}')
+                why=f'{where}gloo between CPU processes, and hidden={hidden} ({psi / 1e6:.2f} M '
+                    f'parameters), {widest}. The runs should take about {seconds:.0f} s here on '
+                    f'{cores} cores, within a {cpu_limit:.0f} s budget (70% of the notebook\'s); '
+                    f'the float64 check runs at hidden={ZERO_EXACT_HIDDEN}, and GPUs run '
+                    f'hidden={ZERO_GPU_HIDDEN}.{over}')
 
 
 def setup_08(*, num_gpus=4, device_counts=None, hidden=None, batch_per_rank=32, timed_steps=5,
@@ -1467,18 +1480,20 @@ def setup_08(*, num_gpus=4, device_counts=None, hidden=None, batch_per_rank=32, 
     backend = plan['backend'] if torch.distributed.is_nccl_available() else 'gloo'
     config = {'hidden': hidden or plan['hidden'], 'batch_per_rank': batch_per_rank,
               'timed_steps': timed_steps, 'lr': lr, 'backend': backend,
-              'timeout': collective_timeout}
+              'timeout': collective_timeout, 'strategies': ZERO_MAIN_STRATEGIES,
+              'time_phases': True}
     small_backend = backend if gpus >= 2 else 'gloo'  # the crash and the exercises: 2 ranks
     small_config = {**config, 'backend': small_backend}
     if small_backend != backend:
         small_config['hidden'] = plan['cpu_hidden']
     exact_config = {**config, 'backend': 'gloo', 'hidden': ZERO_EXACT_HIDDEN,
-                    'dtype': 'float64'}
+                    'dtype': 'float64', 'strategies': ZERO_MAIN_STRATEGIES[:ZERO_STRATEGIES]}
     cores = os.cpu_count() or 1
     where = {'nccl': 'each process drives its own GPU, with nccl.',
              'gloo': f'CPU processes talk through gloo over loopback TCP and share {cores} '
                      'cores; they stand in for GPUs.'}[backend]
-    why = [str(plan) if hidden is None else f'hidden={hidden}, as given.',
+    chosen = f'Chosen for this machine: {plan.why}'
+    why = [chosen if hidden is None else f'hidden={hidden}, as given.',
            f'k = {ks} processes; {gpus} GPU(s) found: {where}']
     if gpus and backend == 'gloo':
         why.append(f'{gpus} GPU(s) are fewer than {max(ks)} processes: num_gpus={gpus} runs '

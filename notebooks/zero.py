@@ -13,8 +13,9 @@ worker is now also the server of its own shard:
 * ZeRO-3 (FSDP): the parameters are sharded too and all-gathered layer by layer when needed;
   here that is PyTorch's own `fully_shard`.
 
-`train_worker` is the process entry point for launch.run_workers; it lives here because
-spawned processes must import it.
+`train_worker` (every strategy, measured) and `regather_worker` (FSDP with and without its
+backward all-gather, taking turns) are the process entry points for launch.run_workers; they
+live here because spawned processes must import them.
 """
 import contextlib
 import gc
@@ -34,14 +35,20 @@ from collectives import CollectiveCounter, tcp_bytes_sent
 from stats import median
 
 STRATEGIES = ('ddp', 'zero1', 'zero2', 'fsdp')
-# for the exercises: FSDP with bf16 parameters in flight, and PyTorch's own ZeRO-1
-EXTRA_STRATEGIES = ('fsdp_bf16', 'torch_zero1')
+# for the exercises: FSDP with bf16 parameters in flight, and PyTorch's own ZeRO-1; and FSDP
+# keeping each layer's gathered parameters from forward to backward
+# (reshard_after_forward=False): it sends ZeRO-2's 2 model sizes, so that beside FSDP it
+# isolates the cost of ZeRO-3's extra all-gather within one implementation
+EXTRA_STRATEGIES = ('fsdp_bf16', 'torch_zero1', 'fsdp_keep')
 LABELS = {'ddp': 'DDP', 'zero1': 'ZeRO-1', 'zero2': 'ZeRO-2', 'fsdp': 'FSDP (ZeRO-3)',
-          'fsdp_bf16': 'FSDP, bf16 in flight', 'torch_zero1': 'ZeroRedundancyOptimizer'}
+          'fsdp_bf16': 'FSDP, bf16 in flight', 'torch_zero1': 'ZeroRedundancyOptimizer',
+          'fsdp_keep': 'FSDP, kept for backward'}
+PHASES = ('forward', 'backward', 'step')  # a training step's parts, timed with time_phases
 DEFAULTS = {'strategies': STRATEGIES, 'in_features': 100, 'hidden': 512, 'num_hidden': 2,
             'classes': 10, 'batch_per_rank': 32, 'timed_steps': 5, 'lr': 1e-3, 'seed': 0,
             'backend': 'gloo', 'timeout': 60, 'probe_wire': False, 'fail_rank': None,
-            'dtype': 'float32'}  # float64: the strategies' equivalence without rounding noise
+            'dtype': 'float32',  # float64: the strategies' equivalence without rounding noise
+            'time_phases': False}  # also time forward, backward and step (a sync between)
 WARMUP_STEPS = 2  # DDP rebuilds its gradient buckets during its second step
 
 
@@ -60,6 +67,7 @@ def check_config(config, world_size):
     helpers.check_choice('backend', cfg['backend'], ('gloo', 'nccl'))
     helpers.check_choice('dtype', cfg['dtype'], ('float32', 'float64'))
     helpers.check_int('fail_rank', cfg['fail_rank'], minimum=0, allow_none=True)
+    helpers.check_choice('time_phases', cfg['time_phases'], (False, True))
     return cfg
 
 
@@ -233,9 +241,10 @@ def build(strategy, cfg, device):
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if strategy == 'fsdp_bf16' else MixedPrecisionPolicy())
+    reshard = strategy != 'fsdp_keep'  # False: no second all-gather in backward
     for layer in module:
         if isinstance(layer, nn.Linear):  # each layer is all-gathered on its own, when needed
-            fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
     return module, module, adam(module.parameters())
 
@@ -268,6 +277,13 @@ def _spread_over_ranks(flat):
     return _max_over_ranks((flat - reference).abs().max().item())
 
 
+def _mark(marks, device, timed):
+    """With `timed`, the time one phase of a step ends (after the device has finished it)."""
+    if timed:
+        helpers.synchronize(device)
+        marks.append(time.perf_counter())
+
+
 def run_strategy(strategy, cfg, batches, device, initial, reference=None):
     """Train `strategy` on `batches`: WARMUP_STEPS, then timed steps (wall time and TCP bytes),
     then one step whose collectives CollectiveCounter counts. Returns this rank's measurements
@@ -281,6 +297,7 @@ def run_strategy(strategy, cfg, batches, device, initial, reference=None):
     model, module, optimizer = build(strategy, cfg, device)
     loss_fn = nn.CrossEntropyLoss()  # the mean over this rank's examples; ranks average grads
     times, counter, tcp = [], None, {}
+    phases = {p: [] for p in PHASES}  # each timed step's phases, with cfg['time_phases']
     on_tcp = dist.get_backend() == 'gloo'  # nccl moves data over NVLink or shared memory
     for step, (X, y) in enumerate(batches):
         if step == WARMUP_STEPS:
@@ -292,13 +309,20 @@ def run_strategy(strategy, cfg, batches, device, initial, reference=None):
             raise RuntimeError(f'rank {rank}: simulated crash in {strategy} at step {step}')
         helpers.synchronize(device)
         tik = time.perf_counter()
+        marks = [tik]
         with counter if counter is not None else contextlib.nullcontext():
             optimizer.zero_grad()
-            loss_fn(model(X), y).backward()
+            loss = loss_fn(model(X), y)
+            _mark(marks, device, cfg['time_phases'])
+            loss.backward()
+            _mark(marks, device, cfg['time_phases'])
             optimizer.step()
         helpers.synchronize(device)
         if WARMUP_STEPS <= step < len(batches) - 1:
             times.append(time.perf_counter() - tik)
+            if cfg['time_phases']:  # marks: the start, forward's end, backward's end
+                for p, start, end in zip(PHASES, marks, marks[1:] + [tik + times[-1]]):
+                    phases[p].append(end - start)
     params = list(module.parameters())
     state, grad_shards = optimizer_tensors(optimizer)
     held = held_bytes(params, [p.grad for p in params] + grad_shards, state)
@@ -311,6 +335,7 @@ def run_strategy(strategy, cfg, batches, device, initial, reference=None):
         'local_parameters': sum(_local(p).numel() for p in params),
         'seconds_per_step': sorted(times)[len(times) // 2],  # the median
         'step_times': times,  # every timed step, in order
+        'phase_times': phases if cfg['time_phases'] else None,  # {phase: every timed step's}
         'counted_bytes_per_step': counter.bytes,
         'collectives_per_step': counter.calls,
         'tcp_bytes_per_step': wire,
@@ -371,6 +396,36 @@ def train_worker(rank, world_size, config):
             'wire_probe': probe}
 
 
+def regather_worker(rank, world_size, config, repeats=5, block_steps=8):
+    """Exercise 1's timing: FSDP as usual ('fsdp') against FSDP keeping each layer gathered
+    from forward to backward ('fsdp_keep'), which differ only in the backward pass's
+    all-gather. The two take turns in blocks of `block_steps` steps, a warm-up block and then
+    `repeats` blocks each, so that whatever else the machine does falls on both alike.
+    Returns this rank's seconds per step, one per block, for each."""
+    cfg = check_config(config, world_size)
+    rank, world_size, device = launch.init_distributed(timeout=cfg['timeout'],
+                                                        backend=cfg['backend'])
+    if cfg['backend'] == 'gloo':
+        device = torch.device('cpu')
+    X, y = make_batches(cfg, 1, rank, world_size, device)[0]
+    loss_fn = nn.CrossEntropyLoss()
+    built = {s: build(s, cfg, device) for s in ('fsdp', 'fsdp_keep')}
+    times = {s: [] for s in built}
+    for block in range(1 + repeats):
+        for s, (model, _, optimizer) in built.items():
+            helpers.synchronize(device)
+            tik = time.perf_counter()
+            for _ in range(block_steps):
+                optimizer.zero_grad()
+                loss_fn(model(X), y).backward()
+                optimizer.step()
+            helpers.synchronize(device)
+            if block:  # the first block warms up
+                times[s].append((time.perf_counter() - tik) / block_steps)
+    dist.barrier()
+    return times
+
+
 # ------------------------------------------------------------- what the notebook reads and draws
 def show_progress(rank, metrics):
     """run_workers' on_progress: a line as each strategy finishes on rank 0."""
@@ -391,6 +446,15 @@ def slowest_steps(rank_results, strategy):
     return [max(step) for step in zip(*per_rank)]
 
 
+def slowest_phases(rank_results, strategy):
+    """{phase: each timed step's time of that phase on its slowest rank}, or None where the
+    phases were not timed (time_phases)."""
+    per_rank = [r['strategies'][strategy].get('phase_times') for r in rank_results]
+    if None in per_rank:
+        return None
+    return {p: [max(step) for step in zip(*(r[p] for r in per_rank))] for p in per_rank[0]}
+
+
 def call_counts(calls):
     """A counted step's collectives as text: {'c10d.allreduce_': 2} -> '2 x allreduce'."""
     return ', '.join(f'{n} x {op.split(".")[1].strip("_")}' for op, n in calls.items()) or '-'
@@ -399,7 +463,8 @@ def call_counts(calls):
 def summarize(runs, strategies=STRATEGIES):
     """What the notebook reads from `runs`, {k: run_workers' list of rank results}: for each
     strategy and k, the fullest rank's bytes (shards can be uneven), the most bytes a rank
-    sent, each timed step's time on its slowest rank and their median, rank 0's bytes by kind
+    sent, each timed step's time on its slowest rank and their median (and each phase's, where
+    timed), rank 0's bytes by kind
     and counted collectives; over every run, the largest difference to DDP and between
     ranks."""
     def per_k(key, reduce=max):
@@ -418,6 +483,7 @@ def summarize(runs, strategies=STRATEGIES):
                           for s in strategies},
         peak_bytes_per_rank=per_k('peak_bytes'),
         step_times={s: {k: slowest_steps(rs, s) for k, rs in runs.items()} for s in strategies},
+        phase_times={s: {k: slowest_phases(rs, s) for k, rs in runs.items()} for s in strategies},
         held_bytes_by_kind=rank0('held_bytes'),
         calls=rank0('collectives_per_step'),
         optimizer_state_by_rank={s: {k: [r['strategies'][s]['held_bytes']['optimizer state']

@@ -1,5 +1,6 @@
 """ZeRO by hand on real gloo processes, the notebook's refusals, and its recorded default run."""
 import dataclasses
+import inspect
 import math
 import re
 from types import SimpleNamespace
@@ -165,6 +166,18 @@ def test_default_run_meets_the_issue(default_run):
                 factor * (k - 1) / k * 4 * psi, rel=0.03, abs=1)
             assert r['seconds_per_step'][s][str(k)] > 0
     assert r['processes_left_after_crash'] == 0 and r['crash_reported_s'] < 60
+    assert r['ranks_apart_float64'] == 0  # float64 ranks end identical too
+    blocks = r['regather_seconds_per_step']  # exercise 1: the two FSDPs took turns
+    assert len(blocks['fsdp']) == len(blocks['fsdp_keep']) == sizing.ZERO_REGATHER_REPEATS
+    assert r['regather_ratios'] == pytest.approx(
+        [a / b for a, b in zip(blocks['fsdp'], blocks['fsdp_keep'])])
+    for k in ks:  # FSDP kept for backward sends ZeRO-2's bytes: only the backward gather differs
+        assert r['fsdp_kept_bytes_sent_per_step'][str(k)] == pytest.approx(
+            2 * (k - 1) / k * 4 * psi, rel=0.03, abs=1)
+        assert r['fsdp_kept_seconds_per_step'][str(k)] > 0
+        for s in zero.STRATEGIES:  # every timed step, split into its phases (seconds)
+            assert set(r['phase_seconds'][s][str(k)]) == set(zero.PHASES)
+            assert all(t > 0 for t in r['phase_seconds'][s][str(k)].values())
 
 
 def test_plan_sizes_cpu_processes_by_the_cpu_even_on_a_gpu_machine():
@@ -195,7 +208,10 @@ def test_plan_counts_the_float64_check_the_notebook_runs():
         assert exact_s > sizing.zero_cpu_seconds(host, exact, sizing.ZERO_EXACT_HIDDEN)
         plan = sizing.plan_08(machine, 1)
         if not machine.on_gpu:  # one process: the main run, the 2-process runs, the check
-            others = sizing.zero_cpu_seconds(host, [(1, 4), (2, 5), (2, 0)], plan['hidden'])
+            main = (1, len(sizing.ZERO_MAIN_STRATEGIES))  # the four, and FSDP kept for backward
+            blocks = (1, sizing.ZERO_REGATHER_RUNS)  # exercise 1's alternating blocks
+            others = sizing.zero_cpu_seconds(host, [main, blocks, (2, 5), (2, 0)],
+                                             plan['hidden'])
             assert plan.seconds == pytest.approx(sizing.ZERO_FIXED_S + others + exact_s)
         assert plan.seconds > exact_s + sizing.ZERO_FIXED_S
     cfg = sizing.setup_08()
@@ -203,6 +219,13 @@ def test_plan_counts_the_float64_check_the_notebook_runs():
     assert cfg.exact_config['hidden'] == sizing.ZERO_EXACT_HIDDEN
     zero.check_config(cfg.exact_config, sizing.ZERO_EXACT_PROCESSES)
     assert cfg.ks == [1, 2, 4] and cfg.k_max == 4 and cfg.hidden == cfg.config['hidden']
+    assert tuple(cfg.exact_config['strategies']) == zero.STRATEGIES  # float64: the four
+    assert cfg.config['strategies'] == zero.STRATEGIES + ('fsdp_keep',)
+    assert cfg.config['time_phases']
+    zero.check_config(cfg.config, 4)
+    defaults = inspect.signature(zero.regather_worker).parameters  # the blocks the plan counts
+    assert (defaults['repeats'].default, defaults['block_steps'].default) == (
+        sizing.ZERO_REGATHER_REPEATS, sizing.ZERO_REGATHER_BLOCK)
 
 
 def test_summary_takes_each_step_on_its_slowest_rank():
@@ -211,9 +234,11 @@ def test_summary_takes_each_step_on_its_slowest_rank():
             'bytes_per_rank': 160, 'counted_bytes_per_step': sent, 'tcp_bytes_per_step': None,
             'seconds_per_step': sorted(times)[1], 'step_times': times, 'peak_bytes': None,
             'held_bytes': {'optimizer state': 8}, 'collectives_per_step': {},
-            'max_diff_vs_ddp': 0.0, 'ranks_apart': 0.0, 'moved': 1.0}
+            'max_diff_vs_ddp': 0.0, 'ranks_apart': 0.0, 'moved': 1.0,
+            'phase_times': {p: times for p in zero.PHASES}}
             for s in zero.STRATEGIES}}
     m = zero.summarize({2: [rank([1.0, 5.0, 2.0], 4), rank([3.0, 1.0, 1.0], 6)]})
+    assert m.phase_times['zero2'][2]['backward'] == [3.0, 5.0, 2.0]  # phases: the same rule
     assert m.step_times['ddp'][2] == [3.0, 5.0, 2.0]  # each step waits for its slowest rank
     assert m.seconds_per_step['fsdp'][2] == 3.0 and m.bytes_sent_per_step['zero1'][2] == 6
     assert m.wire_bytes_sent_per_step['ddp'][2] is None  # no rank could read its sockets
