@@ -42,6 +42,7 @@ import launch
 import pipeline
 import zero
 from collectives import CollectiveCounter, tcp_bytes_sent
+from stats import median
 
 DTYPES = ('float32', 'float64')  # float64: the same computation, without float32's rounding
 
@@ -684,7 +685,7 @@ def run_mesh(cfg, device, reference):
     timed = times[zero.WARMUP_STEPS:-1]
     return {'held_bytes': held, 'bytes_per_rank': _max_over_ranks(sum(held.values())),
             'local_parameters': sum(_local(p).numel() for p in params),
-            'seconds_per_step': _max_over_ranks(sorted(timed)[len(timed) // 2]),
+            'seconds_per_step': _max_over_ranks(median(timed)),
             'counted_bytes_per_step': counter.bytes, 'collectives_per_step': counter.calls,
             'tcp_bytes_per_step': None if start is None else (end - start) / len(timed),
             'max_diff_vs_ddp': _max_over_ranks((flat - reference).abs().max().item())}

@@ -94,14 +94,13 @@ def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels
     last ALLREDUCE_MIN_S, and at least ALLREDUCE_CALLS (a barrier releases the two ranks a
     moment apart, and a single call would count that moment as latency). Returns
     {'events': {m: [step's events, ...]}, 'grads': {m: this stage's gradients after one step},
-    'bytes_sent': {m: bytes per step}, 'allreduce_s': {numel: median seconds},
-    'allreduce_times': {numel: [seconds of each repeat]}}."""
+    'bytes_sent': {m: bytes per step}, 'allreduce_times': {numel: [seconds of each repeat]}}."""
     launch.init_distributed(backend='gloo', timeout=60)
     with torch.no_grad():  # the shape stage 1 receives, from one example
         activation_shape = stage0(X[:1], params[:STAGE0_PARAMS]).shape[1:]
     mine = params[:STAGE0_PARAMS] if rank == 0 else params[STAGE0_PARAMS:]
     mine = [p.detach().clone().requires_grad_() for p in mine]
-    out = {'events': {}, 'grads': {}, 'bytes_sent': {}, 'allreduce_s': {}, 'allreduce_times': {}}
+    out = {'events': {}, 'grads': {}, 'bytes_sent': {}, 'allreduce_times': {}}
     warmup = [(m, None) for _ in range(WARMUP_ROUNDS) for m in microbatches]  # not recorded
     timed = [(m, step) for step in range(steps) for m in microbatches]  # every m in turn
     for m, step in warmup + timed:
@@ -133,7 +132,6 @@ def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels
                 dist.all_reduce(buffer)
             times[numel].append((time.perf_counter() - start) / calls[numel])
     out['allreduce_times'] = times
-    out['allreduce_s'] = {numel: sorted(t)[len(t) // 2] for numel, t in times.items()}
     dist.barrier()
     return out
 

@@ -333,7 +333,7 @@ def run_strategy(strategy, cfg, batches, device, initial, reference=None):
         'held_bytes': held,
         'bytes_per_rank': sum(held.values()),
         'local_parameters': sum(_local(p).numel() for p in params),
-        'seconds_per_step': sorted(times)[len(times) // 2],  # the median
+        'seconds_per_step': median(times),
         'step_times': times,  # every timed step, in order
         'phase_times': phases if cfg['time_phases'] else None,  # {phase: every timed step's}
         'counted_bytes_per_step': counter.bytes,
