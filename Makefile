@@ -26,7 +26,7 @@ SITE_DIR ?= build/site
 FAST := not notebook and not browser and not cluster
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run figures test test-fast lint lab sweep html colab compat clean
+.PHONY: help setup run figures test test-fast lint lab sweep html colab export compat clean
 
 help:  ## this list
 	@echo 'make <target>: the course'"'"'s commands (README.md says more)'
@@ -83,6 +83,9 @@ lab: setup  ## JupyterLab on the notebooks: make lab [LAB_PORT=8888] [LAB_ARGS=-
 
 colab: setup  ## rewrite every notebook's Colab badge and install cell from pyproject.toml
 	$(BIN)/python scripts/colab.py
+
+export: setup  ## rewrite the modules' blocks of taught code from the notebooks' `#@save` cells
+	$(BIN)/python scripts/export.py
 
 sweep: setup  ## notebooks over GPU counts: make sweep COUNTS="1 2 3 4"
 	$(BIN)/python scripts/sweep.py --counts $(or $(COUNTS),1 2 4)

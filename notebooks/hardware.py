@@ -14,10 +14,11 @@ The course explains speeds by this probe, not by guesses:
   other notebooks until the machine reboots.
 """
 import contextlib
+import dataclasses
 import functools
 import json
+import math
 import os
-import platform
 import re
 import tempfile
 import threading
@@ -28,7 +29,19 @@ from pathlib import Path
 import torch
 
 import helpers
-from stats import NOISE_FLOOR, median
+from datasheets import (  # noqa: F401  (notebooks read them as hardware.X)
+    GPU_PRECISIONS,
+    GPU_SPECS,
+    Microarchitecture,
+    flops_per_cycle,
+    gpu_memory_gbs,
+    gpu_peak_flops,
+    gpu_spec,
+    microarchitecture,
+    peak_flops,
+    roof_clock,
+)
+from stats import median
 
 SYS_CPU = Path('/sys/devices/system/cpu')
 
@@ -135,111 +148,6 @@ def cpu_info():
         fields['max_ghz'] = int((freq / 'cpuinfo_max_freq').read_text()) / 1e6
     caches, shared = cache_sizes()
     return CpuInfo(**fields, smt_siblings=_siblings(), caches=caches, cache_shared_by=shared)
-
-
-# ---------------------------------------------------------- vector units and peaks
-@dataclass(frozen=True)
-class Microarchitecture:
-    name: str
-    vector: str                     # 'AVX-512', 'AVX2', 'AVX', 'NEON', or 'unknown'
-    fma_units: int                  # vector FMA pipes per core (0: no FMA)
-    fp32_flops_per_cycle: int       # per core: FMA pipes x fp32 lanes x 2 (None: unknown)
-    evidence: str                   # how it was decided, for the reader
-
-
-# Intel family-6 model numbers whose AVX-512 cores have one 512-bit FMA pipe (client parts)
-# and two (server parts); Skylake-SP's 1-pipe Silver, Bronze and Gold 5 parts go by name.
-INTEL_ONE_FMA = {125: 'Ice Lake (client)', 126: 'Ice Lake (client)',
-                 140: 'Tiger Lake', 141: 'Tiger Lake', 167: 'Rocket Lake'}
-INTEL_TWO_FMA = {85: 'Skylake-SP / Cascade Lake', 106: 'Ice Lake-SP', 108: 'Ice Lake-SP',
-                 143: 'Sapphire Rapids', 207: 'Emerald Rapids', 173: 'Granite Rapids',
-                 174: 'Granite Rapids'}
-
-
-# AMD families: (name, FMA pipes, fp32 lanes a pipe). Zen 4 (family 25 with AVX-512) runs
-# each 512-bit instruction as two 256-bit halves, so its pipes have 8 fp32 lanes, not 16.
-def _amd(family, model_number, avx512):
-    if family == 23:
-        return ('Zen / Zen+', 2, 4) if model_number < 0x30 else ('Zen 2', 2, 8)
-    if family == 25:
-        return ('Zen 4', 2, 8) if avx512 else ('Zen 3', 2, 8)
-    if family == 26:  # mobile Zen 5 (Strix Point, Krackan Point) has 256-bit pipes
-        if 0x20 <= model_number < 0x30 or 0x60 <= model_number < 0x70:
-            return 'Zen 5 (mobile)', 2, 8
-        return 'Zen 5', 2, 16 if avx512 else 8
-    return f'AMD family {family}', 2, 8
-
-
-def microarchitecture(info=None):
-    """The vector units of `info`'s cores (default: this machine's), and their fp32 FLOP per
-    cycle, with the evidence. A 512-bit FMA on Zen 4 runs as two 256-bit halves, so Zen 4
-    retires 32 fp32 FLOP per cycle, not AVX-512's nominal 64."""
-    info = info or cpu_info()
-    f, fam, num = info.flags, info.family, info.model_number
-    vector = ('AVX-512' if 'avx512f' in f else 'AVX2' if 'avx2' in f else 'AVX' if 'avx' in f
-              else 'NEON' if {'asimd', 'neon'} & f else 'unknown')
-    fma = 'fma' in f or 'asimd' in f
-    lanes = {'AVX-512': 16, 'AVX2': 8, 'AVX': 8, 'NEON': 4}.get(vector)
-    said = f'flags {vector}' + (' with FMA' if fma else '')
-    if info.vendor == 'AuthenticAMD' and fam:
-        name, units, width = _amd(fam, num or 0, vector == 'AVX-512')
-        evidence = (f'{said}; AMD family {fam}, model {num}: {name}'
-                    + (', whose 512-bit instructions run as two 256-bit halves'
-                       if name in ('Zen 4', 'Zen 5 (mobile)') else ''))
-        return Microarchitecture(name, vector, units, units * width * 2, evidence)
-    if info.vendor == 'GenuineIntel' and vector == 'AVX-512':
-        if 'amx_tile' in f:
-            known = INTEL_TWO_FMA.get(num) if num in (143, 207, 173, 174) else None
-            name = known or 'Sapphire Rapids or newer'
-            evidence = (f'{said} and AMX; AMX exists only on Sapphire Rapids and newer server '
-                        'cores, which have two 512-bit FMA pipes'
-                        + ('' if known else f' (the reported model number, {num}, is not one '
-                           'of them: a virtual machine may report another; the flags decide)'))
-            return Microarchitecture(name, vector, 2, 64, evidence)
-        if num in INTEL_ONE_FMA:
-            return Microarchitecture(INTEL_ONE_FMA[num], vector, 1, 32,
-                                     f'{said}; Intel model {num}: one 512-bit FMA pipe a core')
-        if num in INTEL_TWO_FMA:
-            one = num == 85 and re.search(r'Silver|Bronze|Gold 5', info.model)
-            return Microarchitecture(INTEL_TWO_FMA[num], vector, 1 if one else 2,
-                                     32 if one else 64,
-                                     f'{said}; Intel model {num}' + (
-                                         f', {info.model}: one FMA pipe' if one else
-                                         ': two 512-bit FMA pipes a core'))
-        return Microarchitecture('unknown AVX-512 core', vector, 2, 64,
-                                 f'{said}; model {num} is not in the table, so two FMA pipes '
-                                 'are assumed (an upper bound: some parts have one)')
-    if lanes is None:
-        return Microarchitecture('unknown', vector, 0, None,
-                                 f'no known vector flags on {platform.machine()}')
-    units = 2 if fma else 1
-    per_cycle = units * lanes * 2 if fma else 2 * lanes  # without FMA: one add and one mul pipe
-    return Microarchitecture(f'{info.vendor or platform.machine()} {vector} core', vector,
-                             units if fma else 0, per_cycle,
-                             f'{said}: {units} pipe(s) of {lanes} fp32 lanes assumed')
-
-
-def flops_per_cycle(precision, info=None):
-    """Peak FLOP per cycle and core in `precision`: float64 has half float32's lanes; bf16
-    doubles float32's rate with its dot-product instruction (avx512_bf16), fp16 with its own
-    arithmetic on 32 lanes (avx512_fp16), and both reach 1024 with AMX tiles; without such
-    instructions they convert to float32 and float32's rate is their ceiling."""
-    info = info or cpu_info()
-    fp32 = microarchitecture(info).fp32_flops_per_cycle
-    if fp32 is None:
-        return None
-    half = lambda dot, amx: 1024 if amx in info.flags else 2 * fp32 if dot in info.flags else fp32
-    return {'float32': fp32, 'float64': fp32 // 2, 'tf32': fp32,
-            'bfloat16': half('avx512_bf16', 'amx_bf16'),
-            'float16': half('avx512_fp16', 'amx_fp16')}[precision]
-
-
-def peak_flops(precision, ghz, info=None):
-    """Peak FLOP/s of all physical cores at `ghz` (None where unknown)."""
-    info = info or cpu_info()
-    per_cycle = flops_per_cycle(precision, info)
-    cores = info.physical_cores or info.logical_cores
-    return None if per_cycle is None or ghz is None else per_cycle * cores * ghz * 1e9
 
 
 # ------------------------------------------------------------- are they two cores?
@@ -350,6 +258,9 @@ class LoadMeter:
 
     MIN_TICKS = 100
 
+    def __init__(self, min_ticks=MIN_TICKS):
+        self.min_ticks = min_ticks
+
     def __enter__(self):
         self.others = self.steal = None
         try:
@@ -366,7 +277,7 @@ class LoadMeter:
             (busy1, steal1), own1 = _machine_ticks(), _own_ticks()
             capacity = (time.perf_counter() - tik) * os.sysconf('SC_CLK_TCK') * (
                 os.cpu_count() or 1)
-            if capacity >= self.MIN_TICKS:
+            if capacity >= self.min_ticks:
                 self.others = min(1.0, max(0.0, (busy1 - busy0) - (own1 - own0)) / capacity)
                 self.steal = min(1.0, (steal1 - steal0) / capacity)
 
@@ -442,64 +353,176 @@ def summary(diagnosis=None):
             + d['cores_sentence'])
 
 
-# ------------------------------------------------------- GPUs, from their data sheets
-# Dense peak TFLOP/s from NVIDIA's data sheets, per precision (None where the sheet gives
-# none), and memory GB/s. The fp64 figure is the fastest fp64 path the sheet states: on
-# A100, H100 and H200 that is the fp64 tensor cores, whose rate happens to equal the fp32
-# one, so equal roofs there do not mean a missing instruction.
-# Keys are whole model names as CUDA reports them, less the vendor prefix: 'L4' must not
-# match an L40S, nor 'H100 80GB HBM3' (SXM) an H100 NVL. (Added for notebook 04.)
-GPU_PRECISIONS = ('float64', 'float32', 'tf32', 'bfloat16', 'float16')
-GPU_SPECS = {
-    'T4': ((None, 8.1, None, None, 65), 320),
-    'L4': ((None, 30.3, 60, 121, 121), 300),
-    'L40S': ((None, 91.6, 183, 362, 362), 864),
-    'V100-SXM2-16GB': ((7.8, 15.7, None, None, 125), 900),
-    'V100-SXM2-32GB': ((7.8, 15.7, None, None, 125), 900),
-    'V100-PCIE-16GB': ((7, 14, None, None, 112), 900),
-    'V100-PCIE-32GB': ((7, 14, None, None, 112), 900),
-    'A100-SXM4-40GB': ((19.5, 19.5, 156, 312, 312), 1555),
-    'A100-SXM4-80GB': ((19.5, 19.5, 156, 312, 312), 2039),
-    'A100-PCIE-40GB': ((19.5, 19.5, 156, 312, 312), 1555),
-    'A100 80GB PCIe': ((19.5, 19.5, 156, 312, 312), 1935),
-    'H100 80GB HBM3': ((67, 67, 494.7, 989.4, 989.4), 3350),
-    'H100 PCIe': ((51, 51, 378, 756, 756), 2000),
-    'H100 NVL': ((60, 60, 417.5, 835.5, 835.5), 3900),
-    'H200': ((67, 67, 494.7, 989.4, 989.4), 4800),
+# ------------------------------------------------- the probe every plan sizes by
+@dataclass(frozen=True)
+class Machine:
+    """What a plan sizes its workload by: the device that computes and the host around it."""
+    name: str
+    kind: str                  # 'cpu' or 'cuda': where the notebook's main work runs
+    flops: float               # fp32 matrix-multiply FLOP/s of that device (measured or stated)
+    memory: int                # bytes that device can hold (GPU memory; host RAM for a CPU)
+    host_flops: float          # the host CPU's fp32 matmul FLOP/s, for work kept on the CPU
+    host_memory: int           # host RAM, bytes
+    host_cores: int
+    gpus: int = 0
+    compute_capability: tuple = ()  # (major, minor) of the slowest GPU; () on a CPU
+    gpu_flops: tuple = ()           # each GPU's rate; `flops` is the slowest, which paces a
+                                    # synchronous step on several (an H100 beside a T4)
+    busy: float = None              # share of the CPU other programs took while it was
+                                    # measured (None: not metered, or described)
+
+    @property
+    def on_gpu(self):
+        return self.kind == 'cuda'
+
+    def __str__(self):
+        gb = lambda b: f'{b / 1e9:.1f} GB'
+        device = (f'{self.name}: {self.flops / 1e12:.1f} TFLOP/s fp32, {gb(self.memory)}'
+                  if self.on_gpu else f'{self.name}: {self.flops / 1e9:.0f} GFLOP/s fp32')
+        return (f'{device}; host {self.host_cores} cores, {self.host_flops / 1e9:.0f} GFLOP/s, '
+                f'{gb(self.host_memory)} RAM')
+
+
+# Machines described rather than measured, for planning and for tests without the hardware.
+# The GPU rates are sustained fp32 matrix-multiply rates, not the data-sheet peaks: a T4 is
+# rated 8.1 TFLOP/s but holds about 4.5 at its 70 W limit; an H100 SXM is rated 67.
+DESCRIBED = {
+    'colab-t4': Machine('Tesla T4 (Colab)', 'cuda', flops=4.5e12, memory=15 * 10**9,
+                        host_flops=5e10, host_memory=int(12.7e9), host_cores=2, gpus=1,
+                        compute_capability=(7, 5)),
+    'h100': Machine('NVIDIA H100 80GB HBM3', 'cuda', flops=5e13, memory=80 * 10**9,
+                    host_flops=1e12, host_memory=128 * 2**30, host_cores=16, gpus=1,
+                    compute_capability=(9, 0)),
+    'cpu-2core': Machine('2-core CPU', 'cpu', flops=1.3e11, memory=24 * 2**30,
+                         host_flops=1.3e11, host_memory=24 * 2**30, host_cores=2),
+    'cpu-16core': Machine('16-core CPU', 'cpu', flops=1.0e12, memory=64 * 2**30,
+                          host_flops=1.0e12, host_memory=64 * 2**30, host_cores=16),
+    '8xh100': Machine('NVIDIA H100 80GB HBM3', 'cuda', flops=5e13, memory=80 * 10**9,
+                      host_flops=4e12, host_memory=1024 * 2**30, host_cores=96, gpus=8,
+                      compute_capability=(9, 0), gpu_flops=(5e13,) * 8),
 }
 
 
-def gpu_spec(device_name):
-    """(model, (peak TFLOP/s per GPU_PRECISIONS, memory GB/s)) for a name as CUDA reports it
-    ('NVIDIA H100 NVL', 'Tesla T4'), or (None, None) for a GPU not in GPU_SPECS."""
-    model = re.sub(r'^(NVIDIA|Tesla)\s+', '', device_name.strip())
-    return (model, GPU_SPECS[model]) if model in GPU_SPECS else (None, None)
+def sustained_flops(gpu_name):
+    """The sustained fp32 rate DESCRIBED gives for a GPU of that name (inf if none): a probe
+    of a fraction of a second may still catch a boost clock the card cannot hold."""
+    for machine in DESCRIBED.values():
+        model = machine.name.split(' (')[0].replace('NVIDIA ', '').replace('Tesla ', '')
+        if machine.on_gpu and model and model in gpu_name:
+            return machine.flops
+    return math.inf
 
 
-def gpu_peak_flops(device_name, precision):
-    """The data sheet's dense peak FLOP/s of that GPU in `precision`, or None (not stated, or
-    a GPU not in GPU_SPECS)."""
-    _, spec = gpu_spec(device_name)
-    tflops = spec and spec[0][GPU_PRECISIONS.index(precision)]
-    return tflops * 1e12 if tflops else None
+def _host_memory():
+    """Physical RAM, or the container's limit when that is lower."""
+    total = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    try:
+        limit = open('/sys/fs/cgroup/memory.max').read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
 
 
-def gpu_memory_gbs(device_name):
-    """The data sheet's memory bandwidth of that GPU in GB/s, or None."""
-    _, spec = gpu_spec(device_name)
-    return spec[1] if spec else None
+def _matmul_flops(device, n, seconds, windows=5, warmup_s=0.0):
+    """fp32 n x n matrix products per second on `device`, times 2 n^3: the best of several
+    short windows, so that a moment of other work on the machine does not size the notebook.
+    warmup_s of products first: a GPU starts at its boost clock and slows to the clock it can
+    sustain within its power limit (a T4 within about a second)."""
+    a = torch.randn(n, n, device=device)
+    a @ a  # warm-up: library initialisation, caches, clocks
+    tik = time.perf_counter()
+    while time.perf_counter() - tik < warmup_s:
+        a @ a
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)
+    best = 0.0
+    for _ in range(windows):
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)
+        count, tik = 0, time.perf_counter()
+        while True:
+            a @ a
+            count += 1
+            if device.type == 'cuda':
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - tik
+            if elapsed >= seconds / windows:
+                best = max(best, 2 * n**3 * count / elapsed)
+                break
+    return best
 
 
-def roof_clock(nominal_ghz, reported_max_ghz=None, implied_ghz=None):
-    """(GHz, why) at which notebook 04 draws a CPU's flat roofs: the maximum clock where the
-    system reports one; otherwise the higher of the nominal clock and the clock the measured
-    products imply, so that no measurement sits above its roof. An implied clock within the
-    noise floor of nominal is called nominal. (None, why) when no clock is known."""
-    if reported_max_ghz:
-        return reported_max_ghz, 'the maximum clock the system reports'
-    known = [g for g in (nominal_ghz, implied_ghz) if g]
-    if not known:
-        return None, 'no clock known'
-    if nominal_ghz and implied_ghz and implied_ghz > (1 + NOISE_FLOOR) * nominal_ghz:
-        return implied_ghz, 'the clock the products imply (above nominal)'
-    return max(known), 'about the nominal clock (no maximum reported)'
+class _no_tf32:
+    """Measure plain fp32: TF32 would report a tensor-core rate no fp32 layer gets.
+    set_float32_matmul_precision sets torch's old and new TF32 settings together (mixing
+    them raises), and reading the old `allow_tf32` flag warns on torch 2.9."""
+
+    def __enter__(self):
+        self.previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision('highest')
+
+    def __exit__(self, *args):
+        torch.set_float32_matmul_precision(self.previous)
+
+
+BUSY_SHARE = 0.25  # other programs' share of the CPU above which a probe is taken again
+
+
+@functools.lru_cache(maxsize=None)
+def probe(seconds=0.15):
+    """Measure this machine (about 2.5 x `seconds`, plus about 0.65 s a GPU): the Machine every
+    plan takes. With several GPUs it is planned as k of the slowest. The probe meters what
+    other programs take meanwhile; above BUSY_SHARE it measures once more and keeps the faster
+    reading, and the Machine says how busy the machine was (`busy`), so a setup can say that
+    its sizes came from a busy machine instead of planning from it silently."""
+    readings = []
+    for _ in range(2):
+        with LoadMeter(min_ticks=40) as load:
+            machine = _measure(seconds)
+        readings.append(dataclasses.replace(machine, busy=load.others))
+        if load.others is None or load.others <= BUSY_SHARE:
+            break
+    return max(readings, key=lambda m: m.host_flops)
+
+
+def _measure(seconds):
+    host_flops = _matmul_flops(torch.device('cpu'), 512, seconds)
+    # intra-op threads that wait for a core another program holds can run slower than one
+    with helpers.num_threads(1):
+        single = _matmul_flops(torch.device('cpu'), 512, seconds / 2)
+    host_flops = max(host_flops, single)
+    host = dict(host_flops=host_flops, host_memory=_host_memory(),
+                host_cores=os.cpu_count() or 1)
+    if torch.cuda.is_available():
+        rates = []
+        with _no_tf32():
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                rate = _matmul_flops(torch.device(f'cuda:{i}'), 4096, seconds, warmup_s=0.5)
+                rates.append((min(rate, sustained_flops(props.name)), props))
+        flops, props = min(rates, key=lambda r: r[0])
+        return Machine(props.name, 'cuda', flops=flops,
+                       memory=min(p.total_memory for _, p in rates), gpus=len(rates),
+                       compute_capability=(props.major, props.minor),
+                       gpu_flops=tuple(r for r, _ in rates), **host)
+    return Machine(f'CPU ({os.cpu_count()} cores)', 'cpu', flops=host_flops,
+                   memory=host['host_memory'], **host)
+
+
+def on_device(machine, device):
+    """`machine` as the plans should see it when the notebook runs on `device`: a GPU machine
+    asked to run on its CPU is planned as a CPU; one that runs on one of several GPUs is
+    planned as that GPU (probe() describes the slowest, which paces work on all of them)."""
+    if machine.on_gpu and device.type != 'cuda':
+        return dataclasses.replace(machine, kind='cpu', flops=machine.host_flops,
+                                   memory=machine.host_memory, name=f'CPU ({machine.host_cores} '
+                                   'cores)', gpus=0, compute_capability=(), gpu_flops=())
+    if machine.on_gpu and machine.gpu_flops and device.type == 'cuda':
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return dataclasses.replace(machine, name=props.name, flops=machine.gpu_flops[index],
+                                   memory=props.total_memory,
+                                   compute_capability=(props.major, props.minor))
+    return machine

@@ -88,7 +88,7 @@ def join_netns(name):
         os.close(fd)
 
 
-def _worker_main(fn, rank, world_size, port, args, queue, placement=None):
+def _worker_main(fn, rank, world_size, port, args, queue, placement=None, threads=None):
     global _progress
     _progress = queue
     master, local_rank, local_world_size = '127.0.0.1', rank, world_size
@@ -102,7 +102,7 @@ def _worker_main(fn, rank, world_size, port, args, queue, placement=None):
     os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(local_world_size))
-    torch.set_num_threads(cores_per_process(world_size))
+    torch.set_num_threads(threads or cores_per_process(world_size))
     try:
         queue.put((rank, 'ok', pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:
@@ -118,7 +118,7 @@ def _worker_main(fn, rank, world_size, port, args, queue, placement=None):
 
 
 def run_workers(fn, world_size, *args, timeout=120, port=None, on_progress=None,
-                placement=None, start_method=None):
+                placement=None, start_method=None, threads_per_rank=None):
     """Run fn(rank, world_size, *args) in `world_size` fresh processes; return their results.
 
     `fn` must live in an importable module (workers start from a fresh interpreter, never a
@@ -133,6 +133,9 @@ def run_workers(fn, world_size, *args, timeout=120, port=None, on_progress=None,
     fresh server process that imported torch once, instead of each importing it (about 1.5 s
     of CPU per worker); they see os.environ as it was when that server started. 'spawn' starts
     each worker from scratch.
+    threads_per_rank: torch's intra-op threads in each worker; None: this machine's cores
+    shared out (helpers.cores_per_process), at least one each. More threads than cores per
+    rank is allowed: it is how a 2-core machine tries code written for a 16-core one.
     """
     import multiprocessing as mp
     check_int('world_size', world_size)
@@ -140,6 +143,8 @@ def run_workers(fn, world_size, *args, timeout=120, port=None, on_progress=None,
     if start_method is None:
         start_method = 'forkserver' if 'forkserver' in methods else 'spawn'
     check_choice('start_method', start_method, methods)
+    if threads_per_rank is not None:
+        check_int('threads_per_rank', threads_per_rank)
     if placement is not None and (len(placement) != world_size
                                   or any(len(p) != 3 for p in placement)):
         raise ValueError(f'placement must give (netns, address, interface) for each of the '
@@ -154,7 +159,8 @@ def run_workers(fn, world_size, *args, timeout=120, port=None, on_progress=None,
         ctx.set_forkserver_preload(['torch', 'torch._dynamo', 'helpers', 'launch'])
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker_main, daemon=True,
-                         args=(fn, r, world_size, port, args, queue, placement))
+                         args=(fn, r, world_size, port, args, queue, placement,
+                               threads_per_rank))
              for r in range(world_size)]
     results, deadline = {}, time.monotonic() + timeout
     try:

@@ -186,7 +186,13 @@ def compare(a, b, a_name=None, b_name=None, lower_is_better=True, unit='s'):
              for n, m in ((a_name, a), (b_name, b))]
     if None in names:
         raise ValueError('compare needs a name for each side (a_name, b_name)')
-    return Comparison(names[0], names[1], samples(a), samples(b), lower_is_better, unit)
+    values = samples(a), samples(b)
+    if unit == 's':  # a time at or below zero is a subtraction gone wrong, not a measurement
+        for name, v in zip(names, values):
+            if min(v) <= 0:
+                raise ValueError(f'compare: {name} has a time <= 0 ({min(v)!r}); a time that '
+                                 'comes from a subtraction must be checked before it is judged')
+    return Comparison(names[0], names[1], *values, lower_is_better, unit)
 
 
 # What a measurement against a model or a bound says.

@@ -1,6 +1,8 @@
 """Notebook 01: what its default run recorded, its refusals of bad parameters, and its plan."""
 import pytest
 
+import hardware
+import plan_01
 import sizing
 
 NAME = '01_compilers_and_interpreters'
@@ -67,8 +69,8 @@ def test_01_accepts_a_list_as_text(refusal):
 
 @pytest.mark.parametrize('machine', ['colab-t4', 'h100', 'cpu-2core'])
 def test_plan_01_fits_time_and_memory(machine):
-    m = sizing.DESCRIBED[machine]
-    plan = sizing.plan_01(m)
+    m = hardware.DESCRIBED[machine]
+    plan = plan_01.plan_for(m)
     assert plan.seconds <= sizing.budget('01', m), plan
     assert plan.device_bytes <= 0.25 * m.memory and plan.host_bytes <= 0.25 * m.host_memory
     assert plan['mlp_batch_sizes'] == [1, 256]

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import hardware
+import plan_01
+import plan_02
 import sizing
 
 ON_GPU = torch.cuda.is_available()
@@ -89,23 +92,23 @@ def test_02_accepts_a_list_as_text(refusal):
 
 
 def test_setup_02_checks_before_it_probes(monkeypatch):
-    monkeypatch.setattr(sizing, 'probe', lambda: pytest.fail('probed before checking'))
+    monkeypatch.setattr(plan_02, 'probe', lambda: pytest.fail('probed before checking'))
     with pytest.raises(ValueError, match='mechanism'):
-        sizing.setup_02(mechanism='processes')
+        plan_02.setup(mechanism='processes')
     with pytest.raises(ValueError, match='num_batches'):
-        sizing.setup_02(num_batches=0)
+        plan_02.setup(num_batches=0)
     with pytest.raises(ValueError, match='num_batches=1 must be at least 2'):
-        sizing.setup_02(num_batches=1)
-    assert sizing.parallel_mechanism('threads')[0] is False
+        plan_02.setup(num_batches=1)
+    assert plan_02.parallel_mechanism('threads')[0] is False
 
 
 @pytest.mark.parametrize('machine', ['colab-t4', 'h100', 'cpu-2core'])
 def test_plan_02_fits_and_lets_the_backend_dominate_on_a_gpu(machine):
-    m = sizing.DESCRIBED[machine]
-    plan = sizing.plan_02(m)
+    m = hardware.DESCRIBED[machine]
+    plan = plan_02.plan_for(m)
     assert plan.seconds <= 0.5 * sizing.budget('02', m), plan
     assert plan.device_bytes <= 0.5 * m.memory and plan.host_bytes <= 0.1 * m.host_memory
     if m.on_gpu:  # the product takes at least four launches' time, so t2 > t1
-        assert 2 * plan['small_size']**3 / m.flops >= 4 * sizing.LAUNCH_S, plan
+        assert 2 * plan['small_size']**3 / m.flops >= 4 * plan_01.LAUNCH_S, plan
     else:
         assert plan['small_size'] == 32

@@ -8,6 +8,8 @@ sum, as far as the noise rule can tell them apart."""
 import pytest
 import torch
 
+import hardware
+import plan_03
 import sizing
 import stats
 
@@ -95,19 +97,19 @@ def test_03_refuses_bad_parameters_by_name(refusal, params, message):
 
 
 def test_setup_03_checks_before_it_probes(monkeypatch):
-    monkeypatch.setattr(sizing, 'probe', lambda: pytest.fail('probed before checking'))
+    monkeypatch.setattr(plan_03, 'probe', lambda: pytest.fail('probed before checking'))
     with pytest.raises(ValueError, match='copy_inner_dim=9 is larger than copy_size=8'):
-        sizing.setup_03(copy_size=8, copy_inner_dim=9)
+        plan_03.setup(copy_size=8, copy_inner_dim=9)
     with pytest.raises(ValueError, match='mechanism'):
-        sizing.setup_03(mechanism='fork')
+        plan_03.setup(mechanism='fork')
 
 
 def test_plan_03_on_a_t4_fits_colabs_host_and_balances_the_lanes():
     """At the book's 4000 a CPU lane would take 20-30 minutes on Colab's two cores, and 50
     pinned results of 64 MB, twice, would crowd its 12.7 GB of host memory."""
-    m = sizing.DESCRIBED['colab-t4']
-    plan = sizing.plan_03(m)
-    assert plan['matrix_size'] == sizing.BOOK_03_SIZE, 'the GPU lane keeps the book\'s size'
+    m = hardware.DESCRIBED['colab-t4']
+    plan = plan_03.plan_for(m)
+    assert plan['matrix_size'] == plan_03.BOOK_03_SIZE, 'the GPU lane keeps the book\'s size'
     gpu_run = 50 * 2 * plan['matrix_size']**3 / m.flops
     cpu_run = 50 * 2 * plan['cpu_matrix_size']**3 / m.host_flops
     assert 0.5 < cpu_run / gpu_run < 2, (cpu_run, gpu_run)
@@ -116,14 +118,14 @@ def test_plan_03_on_a_t4_fits_colabs_host_and_balances_the_lanes():
 
 
 def test_plan_03_keeps_the_books_scale_on_an_h100_and_fits_a_cpu():
-    h100 = sizing.DESCRIBED['h100']
-    plan = sizing.plan_03(h100)
+    h100 = hardware.DESCRIBED['h100']
+    plan = plan_03.plan_for(h100)
     assert plan['matrix_size'] == 4000 and plan['copy_steps'] == 50, plan
     assert plan.host_bytes <= 0.35 * h100.host_memory and plan.device_bytes <= h100.memory
-    cpu = sizing.DESCRIBED['cpu-2core']
-    plan = sizing.plan_03(cpu)
+    cpu = hardware.DESCRIBED['cpu-2core']
+    plan = plan_03.plan_for(cpu)
     assert plan.seconds <= 0.5 * sizing.budget('03', cpu), plan
     assert plan['matrix_size'] <= 768 and plan['copy_steps'] == 50
-    slow = sizing.Machine('slow CPU', 'cpu', flops=2e10, memory=cpu.memory, host_flops=2e10,
+    slow = hardware.Machine('slow CPU', 'cpu', flops=2e10, memory=cpu.memory, host_flops=2e10,
                           host_memory=cpu.host_memory, host_cores=2)
-    assert sizing.plan_03(slow)['matrix_size'] < plan['matrix_size'], 'a slower CPU gets less'
+    assert plan_03.plan_for(slow)['matrix_size'] < plan['matrix_size'], 'a slower CPU gets less'

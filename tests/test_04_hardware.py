@@ -16,6 +16,7 @@ import torch
 
 import caches
 import hardware
+import plan_04
 import roofline
 import sizing
 import stats
@@ -154,8 +155,8 @@ GPU_RATES = {'colab-t4': {'float64': 2.5e11, 'float32': 4.5e12, 'float16': 2.5e1
     ('colab-t4', GPU_RATES['colab-t4']), ('colab-t4', None),
     ('h100', GPU_RATES['h100']), ('h100', None)])
 def test_plan_04_fits_the_budgets_of_described_machines(machine_name, rates):
-    machine = sizing.DESCRIBED[machine_name]
-    plan = sizing.plan_04(machine, rates, llc_bytes=32 * 2**20, gpu_l2_bytes=50 * 2**20)
+    machine = hardware.DESCRIBED[machine_name]
+    plan = plan_04.plan_for(machine, rates, llc_bytes=32 * 2**20, gpu_l2_bytes=50 * 2**20)
     limit = sizing.budget('04', machine)
     # a CPU run leaves room for the kernel start and the sections no parameter sizes
     assert plan.seconds <= (0.75 if not machine.on_gpu else 1) * limit, (plan.seconds, plan)
@@ -165,9 +166,9 @@ def test_plan_04_fits_the_budgets_of_described_machines(machine_name, rates):
     kind = 'cuda' if machine.on_gpu else 'cpu'
     measured = {**{p: machine.flops for p in plan['matmul_sizes']}, **(rates or {})}
     for p, n in plan['matmul_sizes'].items():  # each product short, or the smallest size
-        short = 2 * n**3 / measured[p] <= sizing.MATMUL_CALL_S_04[kind]
-        assert short or n == sizing.MATMUL_SIZES_04[-1], (p, n)
-        assert n <= sizing.MATMUL_BOOK_04[kind]
+        short = 2 * n**3 / measured[p] <= plan_04.MATMUL_CALL_S_04[kind]
+        assert short or n == plan_04.MATMUL_SIZES_04[-1], (p, n)
+        assert n <= plan_04.MATMUL_BOOK_04[kind]
     assert plan['max_working_set_mb'] * 2**20 >= 4 * 32 * 2**20
     assert plan['bandwidth_mb'] * 2**20 >= 4 * 32 * 2**20
     assert plan['thread_counts'][0] == 1 and plan['thread_counts'][-1] == machine.host_cores
@@ -176,36 +177,36 @@ def test_plan_04_fits_the_budgets_of_described_machines(machine_name, rates):
 
 
 def test_plan_04_sizes_each_precision_by_its_own_rate():
-    plan = sizing.plan_04(sizing.DESCRIBED['cpu-2core'], SLOW_HALF_CPU)
+    plan = plan_04.plan_for(hardware.DESCRIBED['cpu-2core'], SLOW_HALF_CPU)
     sizes = plan['matmul_sizes']
     assert sizes['bfloat16'] < sizes['float32'] and sizes['float16'] < sizes['float32']
-    assert sizes['float32'] == sizing.MATMUL_BOOK_04['cpu']
-    h100 = sizing.plan_04(sizing.DESCRIBED['h100'], GPU_RATES['h100'])
-    assert set(h100['matmul_sizes'].values()) == {sizing.MATMUL_BOOK_04['cuda']}  # book scale
+    assert sizes['float32'] == plan_04.MATMUL_BOOK_04['cpu']
+    h100 = plan_04.plan_for(hardware.DESCRIBED['h100'], GPU_RATES['h100'])
+    assert set(h100['matmul_sizes'].values()) == {plan_04.MATMUL_BOOK_04['cuda']}  # book scale
 
 
 def test_plan_04_skips_tf32_and_bf16_below_compute_capability_8():
-    t4 = sizing.DESCRIBED['colab-t4']
-    names, why = sizing.precisions_04(t4)
+    t4 = hardware.DESCRIBED['colab-t4']
+    names, why = plan_04.precisions_04(t4)
     assert 'tf32' not in names and 'bfloat16' not in names and '7.5' in why
-    assert set(sizing.plan_04(t4)['matmul_sizes']) == set(names)
-    names, why = sizing.precisions_04(sizing.DESCRIBED['h100'])
+    assert set(plan_04.plan_for(t4)['matmul_sizes']) == set(names)
+    names, why = plan_04.precisions_04(hardware.DESCRIBED['h100'])
     assert {'tf32', 'bfloat16'} <= set(names) and not why
 
 
 def test_plan_04_sizes_memory_from_the_last_level_cache():
-    cpu = sizing.DESCRIBED['cpu-2core']
-    big_llc = sizing.plan_04(cpu, SLOW_HALF_CPU, llc_bytes=480 * 2**20)
+    cpu = hardware.DESCRIBED['cpu-2core']
+    big_llc = plan_04.plan_for(cpu, SLOW_HALF_CPU, llc_bytes=480 * 2**20)
     assert big_llc['max_working_set_mb'] >= 4 * 480 and big_llc['bandwidth_mb'] >= 4 * 480
-    small_llc = sizing.plan_04(cpu, SLOW_HALF_CPU, llc_bytes=8 * 2**20)
+    small_llc = plan_04.plan_for(cpu, SLOW_HALF_CPU, llc_bytes=8 * 2**20)
     assert small_llc['max_working_set_mb'] == 32 and small_llc['bandwidth_mb'] == 64
-    t4 = sizing.plan_04(sizing.DESCRIBED['colab-t4'], GPU_RATES['colab-t4'])
+    t4 = plan_04.plan_for(hardware.DESCRIBED['colab-t4'], GPU_RATES['colab-t4'])
     assert t4['bandwidth_mb'] >= 1024  # far past a GPU's L2, and long enough to time
 
 
 def test_plan_04_refuses_rates_that_are_not_positive():
     with pytest.raises(ValueError, match='matmul_flops'):
-        sizing.plan_04(sizing.DESCRIBED['cpu-2core'], {'float32': 0})
+        plan_04.plan_for(hardware.DESCRIBED['cpu-2core'], {'float32': 0})
 
 
 def test_04_cache_steps_and_the_roofline_are_read_as_measured(results):

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+import hardware
+import plan_05
 import sizing
 
 NAME = '05_multi_gpu_from_scratch'
@@ -39,7 +41,7 @@ def test_05_default_run_splits_the_work_three_ways(default_run):
     assert all(0 < idle[m] < 1 for m in ms)
     assert r['channel_split_max_diff'] < 1e-4, 'the channel split must equal the whole'
     moved = r['bytes_per_step']
-    assert moved['data_parallel'] == 2 * 4 * sizing.LENET_PARAMS  # the gradient, there and back
+    assert moved['data_parallel'] == 2 * 4 * plan_05.LENET_PARAMS  # the gradient, there and back
     # activations forward and their gradients back: 2 x 20x13x13 floats an example
     assert moved['pipeline'] == 2 * 4 * 20 * 13 * 13 * r['batch_size']
 
@@ -49,10 +51,10 @@ def test_05_default_run_measures_the_cost_of_a_step(default_run):
     sync = r['sync_step']
     t1 = {int(b): s for b, s in sync['t1_s_by_batch'].items()}
     per_device = r['batch_size'] // r['num_gpus']
-    assert min(t1) == 1 and max(t1) == max(sizing.T1_LARGEST_05, per_device)  # 1 ... 1024
+    assert min(t1) == 1 and max(t1) == max(plan_05.T1_LARGEST_05, per_device)  # 1 ... 1024
     assert all(s > 0 for s in t1.values())
     assert t1[max(t1)] > t1[min(t1)], 'more examples must take longer'
-    assert sync['t2_s'] > 0 and sync['t2_bytes'] == 4 * sizing.LENET_PARAMS
+    assert sync['t2_s'] > 0 and sync['t2_bytes'] == 4 * plan_05.LENET_PARAMS
     hidden = sync['smallest_hidden_batch']
     assert hidden is None or t1[hidden] >= sync['t2_s']
     assert 0 < sync['latency_s'] and sync['latency_share'] == sync['latency_s'] / sync['t2_s']
@@ -108,9 +110,9 @@ def test_05_runs_three_devices_on_the_default_batch(run_notebook):
 @pytest.mark.parametrize('machine, k', [('colab-t4', 1), ('colab-t4', 2), ('h100', 1),
                                         ('h100', 2), ('h100', 8)])
 def test_plan_05_keeps_the_book_scale_on_gpus(machine, k):
-    m = sizing.DESCRIBED[machine]
-    plan = sizing.plan_05(m, num_gpus=k, device_counts=sorted({1, k}))
-    assert plan.values == sizing.BOOK_05, plan
+    m = hardware.DESCRIBED[machine]
+    plan = plan_05.plan_for(m, num_gpus=k, device_counts=sorted({1, k}))
+    assert plan.values == plan_05.BOOK_05, plan
     assert plan.seconds <= 0.5 * sizing.budget('05', m), plan
     assert plan.device_bytes < m.memory and plan.host_bytes < m.host_memory
 
@@ -118,23 +120,23 @@ def test_plan_05_keeps_the_book_scale_on_gpus(machine, k):
 def test_plan_05_gives_a_t4_emulating_eight_gpus_fewer_epochs_of_all_the_data():
     """Eight replicas on one T4 launch eight times the kernels a step: the book's ten epochs
     no longer fit, so the plan keeps all 60,000 examples and trains fewer epochs."""
-    m = sizing.DESCRIBED['colab-t4']
-    plan = sizing.plan_05(m, num_gpus=8, device_counts=[1, 8])
+    m = hardware.DESCRIBED['colab-t4']
+    plan = plan_05.plan_for(m, num_gpus=8, device_counts=[1, 8])
     assert plan['num_train'] == 60000 and 2 <= plan['num_epochs'] < 10, plan
     assert plan.seconds <= 0.5 * sizing.budget('05', m), plan
 
 
 @pytest.mark.parametrize('k', [1, 2, 3, 8])
 def test_plan_05_fits_the_cpu_budget_and_shrinks_the_work(k):
-    m = sizing.DESCRIBED['cpu-2core']
-    plan = sizing.plan_05(m, num_gpus=k, device_counts=sorted({1, k}))
-    assert plan.seconds <= sizing.CPU_TRAINING_SHARE_05 * sizing.budget('05', m), plan
+    m = hardware.DESCRIBED['cpu-2core']
+    plan = plan_05.plan_for(m, num_gpus=k, device_counts=sorted({1, k}))
+    assert plan.seconds <= plan_05.CPU_TRAINING_SHARE_05 * sizing.budget('05', m), plan
     assert plan['num_epochs'] == 2 and 2000 <= plan['num_train'] < 60000
     assert plan['num_train'] >= 4 * 256, 'the larger-batch experiment needs 4 batches'
     assert plan.host_bytes < m.host_memory
-    faster = sizing.Machine('fast CPU', 'cpu', flops=1e12, memory=m.memory, host_flops=1e12,
+    faster = hardware.Machine('fast CPU', 'cpu', flops=1e12, memory=m.memory, host_flops=1e12,
                             host_memory=m.host_memory, host_cores=16)
-    assert sizing.plan_05(faster, num_gpus=k)['num_train'] >= plan['num_train']
+    assert plan_05.plan_for(faster, num_gpus=k)['num_train'] >= plan['num_train']
 
 
 def test_05_default_run_shows_the_stale_allreduce_and_rounding(default_run):
@@ -163,18 +165,18 @@ def test_05_default_run_shows_the_stale_allreduce_and_rounding(default_run):
 
 
 def test_setup_05_resolves_every_parameter_for_this_machine():
-    cfg = sizing.setup_05()
+    cfg = plan_05.setup()
     assert cfg.batch_size == 256 and cfg.per_device == 128 and cfg.device_counts == [1, 2]
     assert cfg.global_batches == [64, 256, 1024] and cfg.num_train >= 1024
     assert cfg.sync_batches == [2**i for i in range(11)], 'the t1 sweep reaches 1024'
-    assert cfg.larger_batch_epochs == min(sizing.LARGER_BATCH_EPOCHS_05, cfg.num_epochs)
+    assert cfg.larger_batch_epochs == min(plan_05.LARGER_BATCH_EPOCHS_05, cfg.num_epochs)
     assert cfg.extra == 1 and cfg.k_exercise == 2
     if not cfg.on_gpu:
         assert not cfg.tf32_hardware and 'emulated' in cfg.tf32_how
         assert cfg.t1_t2_same_hardware and not cfg.t2_between_gpus
         assert cfg.t1_threads == max(1, (os.cpu_count() or 1) // 2)
     assert len(str(cfg).splitlines()) <= 7, 'the setup prints a few lines'
-    three = sizing.setup_05(num_gpus=3, num_train=2048, num_epochs=1, num_test=100,
+    three = plan_05.setup(num_gpus=3, num_train=2048, num_epochs=1, num_test=100,
                             sync_batches=[1, 4])
     assert three.batch_size == 255 and three.sync_batches == [1, 4, 85]
     assert 'rounded to 255' in str(three)
@@ -188,7 +190,7 @@ def test_setup_05_resolves_every_parameter_for_this_machine():
 ])
 def test_setup_05_refuses_by_name(params, message):
     with pytest.raises(ValueError, match=message):
-        sizing.setup_05(**params)
+        plan_05.setup(**params)
 
 
 def test_pipeline_relay_idles_half_whatever_the_stage_durations():

@@ -10,15 +10,17 @@ import sys
 
 import pytest
 import torch
-from conftest import NOTEBOOKS
 from torch.utils.flop_counter import FlopCounterMode
 
 import ddp_train
+import hardware
 import helpers as d2l
 import launch
 import overlap
+import plan_06
 import sizing
 import stats
+from conftest import NOTEBOOKS
 
 TINY = {'batch_size': 8, 'num_train': 16, 'num_test': 8, 'data_source': 'synthetic', 'width': 8}
 NB = '06_multi_gpu_concise'
@@ -183,7 +185,7 @@ def test_resnet18_cost_constants_match_a_flop_count(width):
         X = torch.empty(1, 1, 28, 28)
     with FlopCounterMode(display=False) as counter:
         net(X).sum().backward()
-    flops, params = sizing.resnet18_size_06(width)
+    flops, params = plan_06.resnet18_size_06(width)
     assert counter.get_total_flops() == pytest.approx(flops, rel=0.02)
     assert sum(p.numel() for p in net.parameters()) == pytest.approx(params, rel=0.02)
 
@@ -191,8 +193,8 @@ def test_resnet18_cost_constants_match_a_flop_count(width):
 @pytest.mark.parametrize('machine', ['colab-t4', 'h100'])
 @pytest.mark.parametrize('counts', [(1, 2), (1, 3), (1, 8)])
 def test_gpu_plans_keep_the_book_network_and_fit_the_budget(machine, counts):
-    m = sizing.DESCRIBED[machine]
-    plan = sizing.plan_06(m, num_gpus=max(counts), device_counts=counts)
+    m = hardware.DESCRIBED[machine]
+    plan = plan_06.plan_for(m, num_gpus=max(counts), device_counts=counts)
     assert plan['width'] == 64 and plan['batch_size'] == 256   # the book's network and batch
     assert plan.seconds <= sizing.budget('06', m)             # about 5 minutes
     assert plan.device_bytes <= m.memory and plan.host_bytes <= m.host_memory
@@ -200,10 +202,10 @@ def test_gpu_plans_keep_the_book_network_and_fit_the_budget(machine, counts):
 
 
 def test_gpu_plan_shrinks_on_a_t4_and_scales_the_timeout_with_the_work():
-    t4 = sizing.DESCRIBED['colab-t4']
-    planned = sizing.plan_06(t4)
+    t4 = hardware.DESCRIBED['colab-t4']
+    planned = plan_06.plan_for(t4)
     assert planned['num_epochs'] * planned['num_train'] < 10 * 60000   # not the book's scale
-    book = sizing.plan_06(t4, num_epochs=10, num_train=60000, num_test=10000)
+    book = plan_06.plan_for(t4, num_epochs=10, num_train=60000, num_test=10000)
     assert book.seconds > 5 * planned.seconds                          # 10 epochs take long
     assert book['worker_timeout'] > 5 * planned['worker_timeout'] - 300
     assert 'beyond' in book.why and 'num_epochs=10' in book.why
@@ -211,53 +213,53 @@ def test_gpu_plan_shrinks_on_a_t4_and_scales_the_timeout_with_the_work():
 
 
 def test_h100_plan_runs_more_of_the_book_than_a_t4():
-    t4, h100 = (sizing.plan_06(sizing.DESCRIBED[m]) for m in ('colab-t4', 'h100'))
+    t4, h100 = (plan_06.plan_for(hardware.DESCRIBED[m]) for m in ('colab-t4', 'h100'))
     assert (h100['num_epochs'] * h100['num_train'] > t4['num_epochs'] * t4['num_train'])
-    eight = dataclasses.replace(sizing.DESCRIBED['h100'], gpus=8)   # nccl, a GPU per process
-    plan = sizing.plan_06(eight, num_gpus=8, device_counts=(1, 8))
+    eight = dataclasses.replace(hardware.DESCRIBED['h100'], gpus=8)   # nccl, a GPU per process
+    plan = plan_06.plan_for(eight, num_gpus=8, device_counts=(1, 8))
     assert plan['num_epochs'] * plan['num_train'] >= h100['num_epochs'] * h100['num_train']
 
 
 def test_mixed_gpus_are_planned_by_the_slowest_gpu_each_run_uses():
     """An H100 beside a T4: a run on GPU 0 alone is planned at the H100's rate, a run on both
     at the T4's, and the timeout covers the T4-paced run (issue 19, 3.1)."""
-    h100, t4 = sizing.DESCRIBED['h100'], sizing.DESCRIBED['colab-t4']
+    h100, t4 = hardware.DESCRIBED['h100'], hardware.DESCRIBED['colab-t4']
     mixed = dataclasses.replace(h100, name='H100 + T4', gpus=2, flops=t4.flops,
                                 gpu_flops=(h100.flops, t4.flops))
     two_h100 = dataclasses.replace(mixed, flops=h100.flops, gpu_flops=(h100.flops,) * 2)
     two_t4 = dataclasses.replace(mixed, gpu_flops=(t4.flops,) * 2)
-    alone = [sizing.plan_06(m, num_gpus=2, device_counts=(1,)) for m in (mixed, two_h100)]
+    alone = [plan_06.plan_for(m, num_gpus=2, device_counts=(1,)) for m in (mixed, two_h100)]
     assert alone[0].values == alone[1].values and alone[0].seconds == alone[1].seconds
     sizes = {'num_epochs': 1, 'num_train': 60000, 'num_test': 10000}
-    both = sizing.plan_06(mixed, num_gpus=2, device_counts=(1, 2), **sizes)
-    assert both['worker_timeout'] > sizing.plan_06(two_h100, num_gpus=2, device_counts=(1, 2),
+    both = plan_06.plan_for(mixed, num_gpus=2, device_counts=(1, 2), **sizes)
+    assert both['worker_timeout'] > plan_06.plan_for(two_h100, num_gpus=2, device_counts=(1, 2),
                                                    **sizes)['worker_timeout']
     # k=1 runs on the H100; k=2 is paced by the T4, as on two T4s, and sets the timeout
-    assert both['worker_timeout'] == sizing.plan_06(two_t4, num_gpus=2, device_counts=(2,),
+    assert both['worker_timeout'] == plan_06.plan_for(two_t4, num_gpus=2, device_counts=(2,),
                                                     **sizes)['worker_timeout']
-    planned = sizing.plan_06(mixed, num_gpus=2, device_counts=(1, 2))
+    planned = plan_06.plan_for(mixed, num_gpus=2, device_counts=(1, 2))
     assert planned.seconds <= sizing.budget('06', mixed)
     assert planned['num_epochs'] * planned['num_train'] < (
-        lambda p: p['num_epochs'] * p['num_train'])(sizing.plan_06(two_h100, num_gpus=2))
+        lambda p: p['num_epochs'] * p['num_train'])(plan_06.plan_for(two_h100, num_gpus=2))
 
 
 def test_setup_rounds_the_batch_for_every_process_count_and_says_where_ddp_runs():
-    cfg = sizing.setup_06(num_gpus=3, num_epochs=1, num_train=144, num_test=64)
+    cfg = plan_06.setup(num_gpus=3, num_epochs=1, num_train=144, num_test=64)
     assert cfg.batch_size == 36 and cfg.process_counts == [1, 2, 3]   # 32 rounded up
     assert cfg.device_counts == [1, 3] and cfg.steps == 4
     assert cfg.ddp_config['batch_size'] == 36 and cfg.ddp_config['epochs'] == 1
-    assert overlap.check_config(cfg.overlap_config)['repeats'] == sizing.OVERLAP_REPEATS_06
+    assert overlap.check_config(cfg.overlap_config)['repeats'] == plan_06.OVERLAP_REPEATS_06
     assert 'rounded up to 36' in str(cfg) and 'GPUs found' in str(cfg)
 
 
 def test_cpu_plan_narrows_the_network_to_fit_the_budget():
-    cpu = sizing.DESCRIBED['cpu-2core']
-    plan = sizing.plan_06(cpu)
+    cpu = hardware.DESCRIBED['cpu-2core']
+    plan = plan_06.plan_for(cpu)
     assert plan['width'] < 64 and plan.seconds <= 0.8 * sizing.budget('06', cpu)
     assert plan['num_epochs'] * plan['num_train'] // plan['batch_size'] >= 96   # steps to learn
     faster = dataclasses.replace(cpu, flops=8 * cpu.flops, host_flops=8 * cpu.host_flops)
-    assert sizing.plan_06(faster)['width'] > plan['width']
-    shorter = sizing.plan_06(cpu, num_epochs=1)   # fewer steps given: the same network
+    assert plan_06.plan_for(faster)['width'] > plan['width']
+    shorter = plan_06.plan_for(cpu, num_epochs=1)   # fewer steps given: the same network
     assert shorter['width'] == plan['width'] and shorter['num_epochs'] == 1
     assert shorter['worker_timeout'] < plan['worker_timeout']
 

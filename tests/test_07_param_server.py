@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import allreduce as ar
+import hardware
 import launch
 import param_server as ps
+import plan_07
 import sizing
 
 NB = '07_parameter_servers'
@@ -143,13 +145,13 @@ def test_ring_needs_two_processes_and_picks_segments_by_size():
 @pytest.mark.parametrize('name', ['colab-t4', 'h100', 'cpu-2core'])
 @pytest.mark.parametrize('on_cluster', [False, True])
 def test_plan_07_fits_the_budget(name, on_cluster):
-    machine = sizing.DESCRIBED[name]
-    plan = sizing.plan_07(machine, cluster=on_cluster)
+    machine = hardware.DESCRIBED[name]
+    plan = plan_07.plan_for(machine, cluster=on_cluster)
     assert plan.seconds <= sizing.budget('07', machine)
     assert plan['message_mb'] == 64 and plan['race_repeats'] >= 3
     assert plan.host_bytes < machine.host_memory / 2
     assert str(plan['message_mb']) in str(plan) and ('Mbit/s' in str(plan)) == on_cluster
-    assert sizing.plan_07(machine, message_mb=16, race_repeats=3)['message_mb'] == 16
+    assert plan_07.plan_for(machine, message_mb=16, race_repeats=3)['message_mb'] == 16
 
 
 # ------------------------------------------------------------------ real processes

@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import hardware
 import launch
+import plan_08
 import sizing
 import zero
 
@@ -122,26 +124,26 @@ def test_notebook_accepts_any_process_counts_from_papermill_text(refusal):
 
 
 def test_plan_fits_the_budgets_of_the_described_machines():
-    cpu, t4, h100 = (sizing.DESCRIBED[m] for m in ('cpu-2core', 'colab-t4', 'h100'))
-    default = sizing.plan_08(cpu, 4)
+    cpu, t4, h100 = (hardware.DESCRIBED[m] for m in ('cpu-2core', 'colab-t4', 'h100'))
+    default = plan_08.plan_for(cpu, 4)
     assert default['backend'] == 'gloo' and default.seconds <= sizing.budget('08', cpu)
     assert zero.num_parameters(zero.check_config({'hidden': default['hidden']}, 4)) > 1e5
     for machine in (t4, h100):
-        on_gpu = sizing.plan_08(machine, 1)  # one process, one GPU: nccl at the GPU size
-        assert on_gpu['backend'] == 'nccl' and on_gpu['hidden'] == sizing.ZERO_GPU_HIDDEN
+        on_gpu = plan_08.plan_for(machine, 1)  # one process, one GPU: nccl at the GPU size
+        assert on_gpu['backend'] == 'nccl' and on_gpu['hidden'] == plan_08.ZERO_GPU_HIDDEN
         assert on_gpu.device_bytes <= machine.memory / 4
-        assert on_gpu['cpu_hidden'] < sizing.ZERO_GPU_HIDDEN  # its 2-process runs on the CPU
+        assert on_gpu['cpu_hidden'] < plan_08.ZERO_GPU_HIDDEN  # its 2-process runs on the CPU
         assert on_gpu.seconds <= sizing.budget('08', machine)
-        stand_ins = sizing.plan_08(machine, 4)  # more processes than GPUs: CPU processes
+        stand_ins = plan_08.plan_for(machine, 4)  # more processes than GPUs: CPU processes
         assert stand_ins['backend'] == 'gloo' and 'CPU processes' in stand_ins.why
         assert stand_ins.seconds <= sizing.BUDGET_S['cpu']['08']  # the CPU's budget, not 300 s
         assert stand_ins.host_bytes <= machine.host_memory / 2
-    for hidden in (13, 512, sizing.ZERO_GPU_HIDDEN):  # the plan counts the notebook's model
-        assert sizing.zero_parameters(hidden) == zero.num_parameters(
+    for hidden in (13, 512, plan_08.ZERO_GPU_HIDDEN):  # the plan counts the notebook's model
+        assert plan_08.zero_parameters(hidden) == zero.num_parameters(
             zero.check_config({'hidden': hidden}, 1))
     for k in range(1, 9):  # any k plans, even when the process starts alone overrun the budget
-        assert sizing.plan_08(cpu, k)['backend'] == 'gloo'
-    widths = [sizing.plan_08(dataclasses.replace(cpu, host_flops=f), 4)['hidden']
+        assert plan_08.plan_for(cpu, k)['backend'] == 'gloo'
+    widths = [plan_08.plan_for(dataclasses.replace(cpu, host_flops=f), 4)['hidden']
               for f in (2e10, 1.3e11, 1e12)]
     assert widths == sorted(widths) and widths[0] < widths[-1]  # faster hosts, wider models
 
@@ -168,7 +170,7 @@ def test_default_run_meets_the_issue(default_run):
     assert r['processes_left_after_crash'] == 0 and r['crash_reported_s'] < 60
     assert r['ranks_apart_float64'] == 0  # float64 ranks end identical too
     blocks = r['regather_seconds_per_step']  # exercise 1: the two FSDPs took turns
-    assert len(blocks['fsdp']) == len(blocks['fsdp_keep']) == sizing.ZERO_REGATHER_REPEATS
+    assert len(blocks['fsdp']) == len(blocks['fsdp_keep']) == plan_08.ZERO_REGATHER_REPEATS
     assert r['regather_ratios'] == pytest.approx(
         [a / b for a, b in zip(blocks['fsdp'], blocks['fsdp_keep'])])
     for k in ks:  # FSDP kept for backward sends ZeRO-2's bytes: only the backward gather differs
@@ -185,39 +187,39 @@ def test_plan_sizes_cpu_processes_by_the_cpu_even_on_a_gpu_machine():
     the width comes from the CPU's budget and rate, as on the same host without its GPU."""
     for name in ('colab-t4', 'h100'):
         for host_flops in (2e10, 5e10, 1e12):  # a slow host gets a narrower model
-            machine = dataclasses.replace(sizing.DESCRIBED[name], host_flops=host_flops)
-            host = sizing.on_device(machine, torch.device('cpu'))
+            machine = dataclasses.replace(hardware.DESCRIBED[name], host_flops=host_flops)
+            host = hardware.on_device(machine, torch.device('cpu'))
             assert not host.on_gpu and sizing.budget('08', host) == sizing.BUDGET_S['cpu']['08']
             for k in (2, 4, 8):
-                stand_ins, alone = sizing.plan_08(machine, k), sizing.plan_08(host, k)
+                stand_ins, alone = plan_08.plan_for(machine, k), plan_08.plan_for(host, k)
                 assert stand_ins.values == alone.values
                 assert stand_ins.seconds == pytest.approx(alone.seconds)
-    slow = dataclasses.replace(sizing.DESCRIBED['colab-t4'], host_flops=2e10)
-    assert sizing.plan_08(slow, 4)['hidden'] < sizing.ZERO_CPU_WIDTHS[0]  # 300 s would fit it
+    slow = dataclasses.replace(hardware.DESCRIBED['colab-t4'], host_flops=2e10)
+    assert plan_08.plan_for(slow, 4)['hidden'] < plan_08.ZERO_CPU_WIDTHS[0]  # 300 s would fit it
 
 
 def test_plan_counts_the_float64_check_the_notebook_runs():
     """Issue 19, 3.6: the float64 check (4 CPU processes, every strategy) is in the estimate
     on every machine, and it is the run the notebook's setup configures."""
-    exact = [(sizing.ZERO_EXACT_PROCESSES, sizing.ZERO_STRATEGIES)]
+    exact = [(plan_08.ZERO_EXACT_PROCESSES, plan_08.ZERO_STRATEGIES)]
     for name in ('cpu-2core', 'colab-t4', 'h100'):
-        machine = sizing.DESCRIBED[name]
-        host = sizing.on_device(machine, torch.device('cpu'))
-        exact_s = sizing.zero_cpu_seconds(host, exact, sizing.ZERO_EXACT_HIDDEN,
-                                          cost=sizing.ZERO_FLOAT64_COST)
-        assert exact_s > sizing.zero_cpu_seconds(host, exact, sizing.ZERO_EXACT_HIDDEN)
-        plan = sizing.plan_08(machine, 1)
+        machine = hardware.DESCRIBED[name]
+        host = hardware.on_device(machine, torch.device('cpu'))
+        exact_s = plan_08.zero_cpu_seconds(host, exact, plan_08.ZERO_EXACT_HIDDEN,
+                                          cost=plan_08.ZERO_FLOAT64_COST)
+        assert exact_s > plan_08.zero_cpu_seconds(host, exact, plan_08.ZERO_EXACT_HIDDEN)
+        plan = plan_08.plan_for(machine, 1)
         if not machine.on_gpu:  # one process: the main run, the 2-process runs, the check
-            main = (1, len(sizing.ZERO_MAIN_STRATEGIES))  # the four, and FSDP kept for backward
-            blocks = (1, sizing.ZERO_REGATHER_RUNS)  # exercise 1's alternating blocks
-            others = sizing.zero_cpu_seconds(host, [main, blocks, (2, 5), (2, 0)],
+            main = (1, len(plan_08.ZERO_MAIN_STRATEGIES))  # the four, and FSDP kept for backward
+            blocks = (1, plan_08.ZERO_REGATHER_RUNS)  # exercise 1's alternating blocks
+            others = plan_08.zero_cpu_seconds(host, [main, blocks, (2, 5), (2, 0)],
                                              plan['hidden'])
-            assert plan.seconds == pytest.approx(sizing.ZERO_FIXED_S + others + exact_s)
-        assert plan.seconds > exact_s + sizing.ZERO_FIXED_S
-    cfg = sizing.setup_08()
+            assert plan.seconds == pytest.approx(plan_08.ZERO_FIXED_S + others + exact_s)
+        assert plan.seconds > exact_s + plan_08.ZERO_FIXED_S
+    cfg = plan_08.setup()
     assert cfg.exact_config['dtype'] == 'float64' and cfg.exact_config['backend'] == 'gloo'
-    assert cfg.exact_config['hidden'] == sizing.ZERO_EXACT_HIDDEN
-    zero.check_config(cfg.exact_config, sizing.ZERO_EXACT_PROCESSES)
+    assert cfg.exact_config['hidden'] == plan_08.ZERO_EXACT_HIDDEN
+    zero.check_config(cfg.exact_config, plan_08.ZERO_EXACT_PROCESSES)
     assert cfg.ks == [1, 2, 4] and cfg.k_max == 4 and cfg.hidden == cfg.config['hidden']
     assert tuple(cfg.exact_config['strategies']) == zero.STRATEGIES  # float64: the four
     assert cfg.config['strategies'] == zero.STRATEGIES + ('fsdp_keep',)
@@ -225,7 +227,7 @@ def test_plan_counts_the_float64_check_the_notebook_runs():
     zero.check_config(cfg.config, 4)
     defaults = inspect.signature(zero.regather_worker).parameters  # the blocks the plan counts
     assert (defaults['repeats'].default, defaults['block_steps'].default) == (
-        sizing.ZERO_REGATHER_REPEATS, sizing.ZERO_REGATHER_BLOCK)
+        plan_08.ZERO_REGATHER_REPEATS, plan_08.ZERO_REGATHER_BLOCK)
 
 
 def test_summary_takes_each_step_on_its_slowest_rank():

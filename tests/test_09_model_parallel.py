@@ -7,8 +7,10 @@ import re
 import pytest
 import torch
 
+import hardware
 import launch
 import model_parallel
+import plan_09
 import sizing
 import zero
 
@@ -142,9 +144,9 @@ def test_notebook_accepts_any_process_count_and_lists_as_text(refusal):
 @pytest.mark.parametrize('name', ['cpu-2core', 'colab-t4', 'h100', '8xh100'])
 @pytest.mark.parametrize('k', [1, 2, 3, 4, 8])
 def test_plan_09_fits_the_described_machines(name, k):
-    machine = (dataclasses.replace(sizing.DESCRIBED['h100'], gpus=8) if name == '8xh100'
-               else sizing.DESCRIBED[name])
-    plan = sizing.plan_09(machine, k)
+    machine = (dataclasses.replace(hardware.DESCRIBED['h100'], gpus=8) if name == '8xh100'
+               else hardware.DESCRIBED[name])
+    plan = plan_09.plan_for(machine, k)
     dp, mesh_tp = plan['mesh_shape']
     t, p = plan['tp_degree'], plan['pp_stages']
     assert t == k and dp * mesh_tp == k and plan['hidden'] % math.lcm(t, mesh_tp) == 0
@@ -185,7 +187,7 @@ def test_default_run_meets_the_issue(default_run):
 def test_notebook_runs_on_three_processes(run_notebook):
     r = run_notebook(NOTEBOOK, num_gpus=3, hidden=48, pp_width=128, pp_steps=1)
     assert r['tp_degree'] == 3 and r['mesh_shape'] == [1, 3]  # no 2-D mesh has 3 ranks
-    assert r['pp_stages'] == min(3, sizing.probe().host_cores)
+    assert r['pp_stages'] == min(3, hardware.probe().host_cores)
     for key in ('tp_max_diff', 'pp_max_diff', 'mesh_max_diff'):
         assert r[key] <= 1e-5 and r[f'{key}_float64'] <= 1e-12, key
     assert r['tp_bytes_per_step']['measured'] == pytest.approx(r['tp_bytes_per_step']['model'])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,3 +97,33 @@ def test_parts_come_in_the_course_order(path):
     first_code = [i for i, k in enumerate(kinds) if k == 'code']
     assert first_code[:2] == [install, tagged], 'nothing runs before the parameters'
     assert 'd2l.record(' in code(cells[first_code[-1]]), 'the recorded results close it'
+
+
+def test_saved_code_in_modules_matches_the_notebooks():
+    """The taught code stands in the notebooks' `#@save` cells; the modules that worker
+    processes import carry an exact copy (`make export` writes it)."""
+    export = load_script('export')
+    stale = [p.name for p, before, after in export.plan() if before != after]
+    assert not stale, f'{stale} disagree with their notebooks: run `make export`'
+
+
+def test_export_replaces_only_its_own_block(tmp_path):
+    export = load_script('export')
+    cell = lambda text: {'cell_type': 'code', 'source': text, 'metadata': {}, 'outputs': []}
+    nb = {'cells': [cell('#@save lesson\ndef f():\n    return 1'), cell('x = 2'),
+                    cell('#@save lesson\ndef g():\n    return f()')]}
+    (tmp_path / '01_a.ipynb').write_text(json.dumps(nb))
+    (tmp_path / 'lesson.py').write_text('import os\n')
+    [(path, before, after)] = export.plan(tmp_path)
+    assert after.startswith('import os\n') and 'def f():' in after and 'x = 2' not in after
+    assert after.index('def f') < after.index('def g')
+    path.write_text(after + '\nHAND = 1\n')
+    [(_, before, again)] = export.plan(tmp_path)
+    assert again == before, 'a second export changes nothing, and keeps the code by hand'
+
+
+def test_parameters_cells_are_written_from_their_declarations():
+    """A default lives once, in plan_NN.PARAMETERS; the notebook's cell is written from it."""
+    export = load_script('export')
+    stale = [nb.name for nb, now, want in export.parameter_cells() if now != want]
+    assert not stale, f'{stale}: parameters cells disagree with PARAMETERS: run `make export`'

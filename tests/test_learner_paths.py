@@ -21,6 +21,7 @@ import nbformat
 import psutil
 import pytest
 import snowballstemmer
+
 from conftest import CHROMIUM, browser_missing, keep_default_run, load_script
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -162,3 +162,13 @@ def test_compare_paired_calls_a_difference_only_when_every_repeat_agrees():
         stats.compare_paired([], 'a', 'b')
     with pytest.raises(ValueError, match='positive and finite'):
         stats.compare_paired([1.0, float('nan')], 'a', 'b')
+
+
+def test_compare_refuses_times_at_or_below_zero():
+    """01's GPU run printed "no difference" between -14.2 us and -23.7 us: a subtraction that
+    went negative must fail where it is judged, not read as a result."""
+    with pytest.raises(ValueError, match='compiled'):
+        stats.compare([-14.2e-6], [-23.7e-6], 'compiled', 'eager')
+    with pytest.raises(ValueError, match='eager'):
+        stats.compare([1e-6], [0.0], 'compiled', 'eager')
+    stats.compare([-1.0], [2.0], 'a', 'b', unit='')  # not times: a sign is allowed

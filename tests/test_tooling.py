@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
 from conftest import KERNELS, load_script
 
 ROOT = Path(__file__).resolve().parent.parent
