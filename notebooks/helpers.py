@@ -785,19 +785,28 @@ def _jsonable(x):
     return str(x)
 
 
+_RECORDED = {}  # (directory, name) -> what this process has recorded for that notebook
+
+
 def record(name, results, results_dir=None):
-    """Write a notebook's headline numbers, with the environment, as <results_dir>/<name>.json."""
+    """Add a notebook's headline numbers to <results_dir>/<name>.json, with the environment.
+
+    Each section records its own numbers where it measures them: the file holds everything
+    this process (the notebook's kernel) has recorded under `name` so far, and a new kernel
+    starts the file afresh, so a number from an earlier run never survives into this one."""
     directory = Path(results_dir) if results_dir is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f'{name}.json'
+    so_far = _RECORDED.setdefault((str(directory.resolve()), name), {})
+    so_far.update(_jsonable(results))
     payload = {'notebook': name, 'environment': environment(),
                'recorded_at': datetime.now(timezone.utc).isoformat(timespec='seconds'),
-               'results': _jsonable(results)}
+               'results': so_far}
     fd, tmp = tempfile.mkstemp(dir=directory, suffix='.tmp')
     with os.fdopen(fd, 'w') as f:
         json.dump(payload, f, indent=2)
     os.replace(tmp, path)  # readers never see a half-written file
-    print(f'recorded {len(payload["results"])} results in {path}')
+    print(f'recorded {", ".join(_jsonable(results))} ({len(so_far)} results in {path.name})')
     return path
 
 

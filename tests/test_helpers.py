@@ -347,6 +347,18 @@ def test_record_writes_json_atomically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ['99_test.json']
 
 
+def test_record_adds_each_sections_numbers_in_one_run(tmp_path, monkeypatch):
+    """Sections record where they measure: the file gathers this process's numbers, and a new
+    process (a new kernel) starts it afresh, so no number survives from an earlier run."""
+    monkeypatch.setattr(d2l, '_RECORDED', {})
+    d2l.record('98_test', {'first': 1}, tmp_path)
+    path = d2l.record('98_test', {'second': 2, 'first': 3}, tmp_path)
+    assert json.loads(path.read_text())['results'] == {'first': 3, 'second': 2}
+    monkeypatch.setattr(d2l, '_RECORDED', {})  # as a new kernel would
+    d2l.record('98_test', {'third': 4}, tmp_path)
+    assert json.loads(path.read_text())['results'] == {'third': 4}
+
+
 # ------------------------------------------------------------------ d2l's names
 def test_d2l_names_the_chapter_uses_exist_with_d2l_signatures():
     import inspect

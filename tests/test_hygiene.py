@@ -67,9 +67,10 @@ def test_colab_badge_and_install_cell_agree_with_pyproject(path):
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_reads_like_a_course(path):
-    """scripts/anatomy.py's figures within its targets: median cell <= 12 lines, longest <= 45,
-    at most 2 over 30, setup <= 12, English in one-line strings <= 5% of code lines, at most
-    10 inline conditionals, and at least 4 Markdown words per line of code."""
+    """scripts/anatomy.py's figures within its targets: median cell <= 12 lines, longest <= 60
+    (a cell of taught code), at most 4 over 30, setup <= 12, English in one-line strings <= 5%
+    of code lines, at most 10 inline conditionals, at least 4 Markdown words per line of code,
+    at most 5,000 Markdown words and 250 a cell, and no module source displayed."""
     anatomy = load_script('anatomy')
     figures = anatomy.figures(path)
     assert not anatomy.failures(figures), (anatomy.failures(figures), figures)
@@ -86,8 +87,8 @@ def test_anatomy_counts_prose_in_strings_and_inline_conditionals():
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
 def test_parts_come_in_the_course_order(path):
-    """Title and idea, the Colab cell, parameters, a setup cell, then lessons; the recorded
-    results close the notebook."""
+    """Title and idea, the Colab cell, parameters, a setup cell, then lessons (each records
+    its numbers where it measures them, with d2l.record)."""
     cells = json.loads(path.read_text())['cells']
     kinds = [c['cell_type'] for c in cells]
     tagged = next(i for i, c in enumerate(cells)
@@ -96,7 +97,6 @@ def test_parts_come_in_the_course_order(path):
     assert kinds[0] == 'markdown' and install < tagged, 'title, then Colab, then parameters'
     first_code = [i for i, k in enumerate(kinds) if k == 'code']
     assert first_code[:2] == [install, tagged], 'nothing runs before the parameters'
-    assert 'd2l.record(' in code(cells[first_code[-1]]), 'the recorded results close it'
 
 
 def test_saved_code_in_modules_matches_the_notebooks():
