@@ -68,10 +68,9 @@ def microarchitecture(info=None):
         if 'amx_tile' in f:
             known = INTEL_TWO_FMA.get(num) if num in (143, 207, 173, 174) else None
             name = known or 'Sapphire Rapids or newer'
-            evidence = (f'{said} and AMX; AMX exists only on Sapphire Rapids and newer server '
-                        'cores, which have two 512-bit FMA pipes'
-                        + ('' if known else f' (the reported model number, {num}, is not one '
-                           'of them: a virtual machine may report another; the flags decide)'))
+            evidence = f'{said} and AMX: Sapphire Rapids or newer, two 512-bit FMA pipes a core'
+            if not known:  # a virtual machine may report another model number
+                evidence += f' (reported model number, {num}, unknown: the flags decide)'
             return Microarchitecture(name, vector, 2, 64, evidence)
         if num in INTEL_ONE_FMA:
             return Microarchitecture(INTEL_ONE_FMA[num], vector, 1, 32,
@@ -84,8 +83,7 @@ def microarchitecture(info=None):
                                          f', {info.model}: one FMA pipe' if one else
                                          ': two 512-bit FMA pipes a core'))
         return Microarchitecture('unknown AVX-512 core', vector, 2, 64,
-                                 f'{said}; model {num} is not in the table, so two FMA pipes '
-                                 'are assumed (an upper bound: some parts have one)')
+                                 f'{said}; model {num} unknown: two FMA pipes, an upper bound')
     if lanes is None:
         return Microarchitecture('unknown', vector, 0, None,
                                  f'no known vector flags on {platform.machine()}')
@@ -173,7 +171,7 @@ def roof_clock(nominal_ghz, reported_max_ghz=None, implied_ghz=None):
     products imply, so that no measurement sits above its roof. An implied clock within the
     noise floor of nominal is called nominal. (None, why) when no clock is known."""
     if reported_max_ghz:
-        return reported_max_ghz, 'the maximum clock the system reports'
+        return reported_max_ghz, 'reported maximum'
     known = [g for g in (nominal_ghz, implied_ghz) if g]
     if not known:
         return None, 'no clock known'

@@ -41,7 +41,7 @@ from datasheets import (  # noqa: F401  (notebooks read them as hardware.X)
     peak_flops,
     roof_clock,
 )
-from stats import median
+from stats import NOISE_FLOOR, median
 
 SYS_CPU = Path('/sys/devices/system/cpu')
 
@@ -151,6 +151,7 @@ def cpu_info():
 
 
 # ------------------------------------------------------------- are they two cores?
+# ---- saved from 04_hardware.ipynb (make export writes this block; edit the notebook, not here)
 def _throughput(work, threads, seconds):
     """Calls of work() per second, summed over `threads` Python threads running it at once.
     Each thread asks for one intra-op thread itself: OpenMP's thread count is per thread, so
@@ -192,6 +193,7 @@ def two_thread_scaling(seconds=0.15, repeats=3):
                 one = _throughput(work, 1, seconds)
                 ratios[kind].append(_throughput(work, 2, seconds) / one)
     return {k: median(v) for k, v in ratios.items()}
+# ---- end of what 04_hardware.ipynb saves
 
 
 # What the measurement says the logical cores are. Decided by thresholds on the medians:
@@ -208,15 +210,26 @@ CORES_TEMPLATES = {
                'the latency-bound work (sorting), while other programs took {others:.0%} of '
                'the CPU.',
     'one': 'one logical core: nothing to share.',
+    'noise': '{n} logical cores, but this probe is noise: two threads did {compute:.2f}x the '
+             'FMA-bound work of one and {latency:.2f}x the latency-bound work, and two threads '
+             'cannot do more than twice what one does (something slowed the one-thread runs).',
 }
+TWO_THREADS_MAX = 2.0  # two threads can at most double one thread's work
+
+
+def above_two(scaling):
+    """Whether a two-thread reading exceeds 2 beyond the noise floor: not a property of the
+    cores to model, but a sign that the one-thread runs were slowed (a busy machine, a clock)."""
+    return any(v > TWO_THREADS_MAX * (1 + NOISE_FLOOR) for v in scaling.values())
 
 
 def what_the_cores_are(scaling, logical_cores, others_share=0.0):
-    """('separate' | 'siblings' | 'unclear' | 'one', the sentence that says so)."""
+    """('separate' | 'siblings' | 'unclear' | 'noise' | 'one', the sentence that says so)."""
     if logical_cores < 2:
         return 'one', CORES_TEMPLATES['one']
     compute, latency = scaling['compute'], scaling['latency']
-    kind = ('separate' if compute >= 1.6 and latency >= 1.6 else
+    kind = ('noise' if above_two(scaling) else
+            'separate' if compute >= 1.6 and latency >= 1.6 else
             'siblings' if compute < 1.3 and latency >= 1.6 else 'unclear')
     return kind, CORES_TEMPLATES[kind].format(n=logical_cores, compute=compute,
                                               latency=latency, others=others_share)

@@ -5,23 +5,13 @@ depending on d2l, and fixes the chapter's defects: device discovery falls back t
 synchronisation works on every device, and data loading needs no torchvision.
 Only code used by two or more notebooks, or by worker processes, lives here.
 """
-import ast
 import contextlib
-import gzip
-import hashlib
-import inspect
-import json
 import math
 import os
 import platform
-import struct
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -30,41 +20,10 @@ from torch.nn import functional as F
 
 import stats
 
-
-def _course_root():
-    """Where the course writes figures, results, traces and data. In the repository that is the
-    folder above notebooks/; anywhere else (Colab fetches this file into /content) it is the
-    working directory. COURSE_ROOT overrides both."""
-    if os.environ.get('COURSE_ROOT'):
-        return Path(os.environ['COURSE_ROOT']).resolve()
-    here = Path(__file__).resolve().parent
-    if here.name == 'notebooks' and (here.parent / 'pyproject.toml').is_file():
-        return here.parent
-    return Path.cwd()
-
-
-ROOT = _course_root()
-FIGURES_DIR = Path(os.environ.get('COURSE_FIGURES_DIR', ROOT / 'figures'))
-RESULTS_DIR = Path(os.environ.get('COURSE_RESULTS_DIR', ROOT / 'build' / 'results'))
-TRACES_DIR = Path(os.environ.get('COURSE_TRACES_DIR', ROOT / 'build' / 'traces'))
-DATA_DIR = Path(os.environ.get('COURSE_DATA_DIR', ROOT / 'data' / 'fashion-mnist'))
-
-
 # ----------------------------------------------------------------- parameters
-def check_int(name, value, minimum=1, allow_none=False):
-    """Raise a ValueError naming `name` unless `value` is an int >= minimum (or None if allowed)."""
-    if value is None and allow_none:
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f'{name} must be an integer >= {minimum}, got {value!r}')
-    return value
-
-
-def check_positive(name, value):
-    """Raise a ValueError naming `name` unless `value` is a positive number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f'{name} must be a positive number, got {value!r}')
-    return value
+# The checks live in parameters.py, with the declared parameters they serve.
+from parameters import check_choice, check_int, check_list, check_positive, with_defaults  # noqa: E402,F401
+from paths import DATA_DIR, FIGURES_DIR, RESULTS_DIR, ROOT, TRACES_DIR  # noqa: F401
 
 
 def check_device(name, value):
@@ -81,41 +40,6 @@ def check_device(name, value):
     if device.type not in ('cpu', 'cuda'):
         raise ValueError(f'{name}={value!r}: only cpu and cuda devices are supported')
     return device
-
-
-def with_defaults(config, defaults):
-    """`defaults` updated by `config`; a ValueError names any setting `defaults` lacks."""
-    unknown = set(config) - set(defaults)
-    if unknown:
-        raise ValueError(f'unknown setting(s) {sorted(unknown)}; known: {sorted(defaults)}')
-    return {**defaults, **config}
-
-
-def check_list(name, value, check_item=None):
-    """A list parameter as a list, also when it arrives as text: papermill's `-p queue_lengths
-    [1,4]` delivers the string '[1,4]'. Each item goes through check_item(name, item) if given;
-    a ValueError names the parameter and says how to pass a list."""
-    if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise ValueError(f'{name}={value!r} is not a list: write it as [1, 4], or pass '
-                             f'lists to papermill with -y "{name}: [1, 4]"') from None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f'{name} must be a list, got {value!r}')
-    if check_item is not None:
-        for item in value:
-            check_item(f'each of {name}', item)
-    return list(value)
-
-
-def check_choice(name, value, choices):
-    """Raise a ValueError naming `name` unless `value` is one of `choices`."""
-    if value not in choices:
-        raise ValueError(f'{name} must be one of {list(choices)}, got {value!r}')
-    return value
 
 
 # -------------------------------------------------------------------- devices
@@ -472,187 +396,16 @@ class Animator:
             else:
                 self.handle.update(self.fig)
 
-
 # ---------------------------------------------------------------------- data
-FASHION_MNIST_URL = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'
-# SHA-256 of the published files, as listed in tensorflow/datasets' url_checksums/fashion_mnist.txt.
-FASHION_MNIST_SHA256 = {
-    'train-images-idx3-ubyte.gz':
-        '3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84',
-    'train-labels-idx1-ubyte.gz':
-        'a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845',
-    't10k-images-idx3-ubyte.gz':
-        '346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073',
-    't10k-labels-idx1-ubyte.gz':
-        '67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5',
-}
-
-
-class DataUnavailableError(RuntimeError):
-    """The real data set is neither on disk nor downloadable."""
-
-
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def read_idx(path):
-    """Read an IDX file of unsigned bytes (gzipped or not) into a uint8 tensor."""
-    path = Path(path)
-    try:
-        with (gzip.open if path.suffix == '.gz' else open)(path, 'rb') as f:
-            data = f.read()
-    except (OSError, EOFError) as e:
-        raise ValueError(f'{path}: cannot read IDX file ({e})') from e
-    if len(data) < 4 or data[:3] != b'\x00\x00\x08':
-        raise ValueError(f'{path}: not an IDX file of unsigned bytes (bad magic number)')
-    header = 4 + 4 * data[3]
-    if len(data) < header:
-        raise ValueError(f'{path}: truncated IDX header')
-    dims = struct.unpack(f'>{data[3]}I', data[4:header])
-    if len(data) != header + math.prod(dims):
-        raise ValueError(f'{path}: truncated or corrupted IDX file: dimensions {dims} need '
-                         f'{header + math.prod(dims)} bytes, found {len(data)}')
-    return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(dims)
-
-
-def _fetch(name, root, download, checksums):
-    path = root / name
-    expected = checksums[name] if checksums is not None else None
-    if not path.exists():
-        how = (f'Put the four files from https://github.com/zalandoresearch/fashion-mnist into '
-               f'{root}, or pass source="synthetic" (or "auto") to use the synthetic stand-in.')
-        if not download:
-            raise DataUnavailableError(f'Fashion-MNIST file {path} is missing. {how}')
-        root.mkdir(parents=True, exist_ok=True)
-        fd, part = tempfile.mkstemp(dir=root, suffix='.part')
-        try:
-            with os.fdopen(fd, 'wb') as f, urllib.request.urlopen(FASHION_MNIST_URL + name,
-                                                                  timeout=30) as r:
-                f.write(r.read())
-            if expected is not None and sha256(part) != expected:
-                raise ValueError(f'{FASHION_MNIST_URL + name}: downloaded file fails its SHA-256 '
-                                 f'check (expected {expected}, found {sha256(part)}); not saved')
-            os.replace(part, path)  # only a complete, verified download gets the real name
-        except (urllib.error.URLError, OSError) as e:
-            raise DataUnavailableError(f'Fashion-MNIST file {path} is missing and could not be '
-                                       f'downloaded ({e}). {how}') from e
-        finally:
-            Path(part).unlink(missing_ok=True)
-    elif expected is not None and sha256(path) != expected:
-        raise ValueError(f'{path}: SHA-256 mismatch (expected {expected}, found {sha256(path)}); '
-                         'delete the file to fetch it again')
-    return read_idx(path)
-
-
-def read_fashion_mnist(root=None, download=True, checksums=FASHION_MNIST_SHA256):
-    """Return uint8 tensors (train_images, train_labels, test_images, test_labels).
-
-    Reads the IDX files in `root`, downloading missing ones (which are then cached there),
-    and verifies every file's SHA-256 against `checksums`.
-    """
-    root = Path(root) if root is not None else DATA_DIR
-    parts = [_fetch(f'{s}-{k}-idx{d}-ubyte.gz', root, download, checksums)
-             for s in ('train', 't10k') for k, d in (('images', 3), ('labels', 1))]
-    for images, labels in (parts[:2], parts[2:]):
-        if len(images) != len(labels):
-            raise ValueError(f'{root}: {len(images)} images but {len(labels)} labels')
-    return tuple(parts)
-
-
-def synthetic_fashion_mnist(num_train=60000, num_test=10000, seed=0):
-    """A deterministic, learnable stand-in with Fashion-MNIST's shapes and 10 classes: each class
-    is a smooth random 28x28 template sharing a common base; examples are scaled, noisy copies."""
-    g = torch.Generator().manual_seed(seed)
-    smooth = lambda n: F.interpolate(torch.rand(n, 1, 7, 7, generator=g), size=(28, 28),
-                                     mode='bilinear', align_corners=False)[:, 0]
-    templates = 0.6 * smooth(1) + 0.4 * smooth(10)
-
-    def make(n):
-        labels = torch.randint(0, 10, (n,), generator=g)
-        scale = 0.5 + 0.5 * torch.rand(n, 1, 1, generator=g)
-        images = templates[labels] * scale + 0.35 * torch.randn(n, 28, 28, generator=g)
-        return (images.clamp(0, 1) * 255).to(torch.uint8), labels
-    return (*make(num_train), *make(num_test))
-
-
-def _synthetic_cached():
-    """synthetic_fashion_mnist(), kept on disk beside the real data and keyed by the generator's
-    source: a worker process loads it in milliseconds instead of drawing it again (~2 s)."""
-    key = hashlib.sha256(inspect.getsource(synthetic_fashion_mnist).encode()).hexdigest()[:12]
-    path = DATA_DIR.parent / f'synthetic-fashion-mnist-{key}.pt'
-    try:
-        return tuple(torch.load(path, weights_only=True))  # tensors only: no pickled code
-    except Exception:  # missing or damaged: draw it again
-        pass
-    data = synthetic_fashion_mnist()
-    with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix='.tmp')
-        try:
-            with os.fdopen(fd, 'wb') as f:
-                torch.save(data, f)
-            os.replace(tmp, path)  # concurrent writers each replace it whole
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-    return data
-
-
-_loaded = {}  # (source, root, download) -> uint8 tensors, so that a notebook reads data once
-
-
-def fashion_mnist_datasets(source='real', root=None, num_train=None, num_test=None,
-                           download=True):
-    """Train and test TensorDatasets of (float image [1, 28, 28] in [0, 1], int64 label).
-
-    source: 'real' (error if unavailable), 'synthetic', or 'auto' (real if available,
-    otherwise synthetic). The synthetic stand-in is announced when first used.
-    """
-    check_choice('source', source, ('real', 'synthetic', 'auto'))
-    check_int('num_train', num_train, allow_none=True)
-    check_int('num_test', num_test, allow_none=True)
-    key = (source, str(root), download)
-    if key not in _loaded:
-        data = None
-        if source != 'synthetic':
-            try:
-                data = read_fashion_mnist(root, download, checksums=FASHION_MNIST_SHA256)
-            except DataUnavailableError as e:
-                if source == 'real':
-                    raise
-                print(f'Real Fashion-MNIST unavailable ({str(e).split(". ")[0]}).')
-        if data is None:
-            print('NOTICE: using the SYNTHETIC stand-in for Fashion-MNIST (deterministic, '
-                  '10 classes, 28x28): accuracies are not comparable with the real data set.')
-            data = _synthetic_cached()
-        _loaded[key] = data
-    Xtr, ytr, Xte, yte = _loaded[key]
-    Xtr, ytr, Xte, yte = Xtr[:num_train], ytr[:num_train], Xte[:num_test], yte[:num_test]
-    as_set = lambda X, y: torch.utils.data.TensorDataset(
-        X.unsqueeze(1).float() / 255, y.long())
-    return as_set(Xtr, ytr), as_set(Xte, yte)
-
-
-def load_data_fashion_mnist(batch_size, resize=None, drop_last=False, **kwargs):
-    """Return train and test DataLoaders (d2l's signature; keyword arguments go to
-    fashion_mnist_datasets). Images are resized per batch, without torchvision.
-    drop_last drops a final, smaller training batch."""
-    check_int('batch_size', batch_size)
-    check_int('resize', resize, allow_none=True)
-    train, test = fashion_mnist_datasets(**kwargs)
-
-    def collate(batch):
-        X, y = torch.utils.data.default_collate(batch)
-        if resize:
-            X = F.interpolate(X, size=(resize, resize), mode='bilinear', align_corners=False)
-        return X, y
-    loader = lambda ds, shuffle, drop: torch.utils.data.DataLoader(
-        ds, batch_size, shuffle=shuffle, collate_fn=collate, drop_last=drop)
-    return loader(train, True, drop_last), loader(test, False, False)
+# Fashion-MNIST lives in fashion_mnist.py; learners call it here, by d2l's names.
+from fashion_mnist import (  # noqa: E402,F401
+    DataUnavailableError,
+    fashion_mnist_datasets,
+    load_data_fashion_mnist,
+    read_fashion_mnist,
+    read_idx,
+    synthetic_fashion_mnist,
+)
 
 
 # --------------------------------------------------------------- training
@@ -771,43 +524,7 @@ def resnet18(num_classes, in_channels=1, width=64):
 
 
 # ------------------------------------------------------------------ results
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, torch.Tensor):
-        return _jsonable(x.tolist())
-    if hasattr(x, 'item') and not isinstance(x, (str, bytes)):
-        return x.item()  # numpy scalars
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
-    return str(x)
-
-
-_RECORDED = {}  # (directory, name) -> what this process has recorded for that notebook
-
-
-def record(name, results, results_dir=None):
-    """Add a notebook's headline numbers to <results_dir>/<name>.json, with the environment.
-
-    Each section records its own numbers where it measures them: the file holds everything
-    this process (the notebook's kernel) has recorded under `name` so far, and a new kernel
-    starts the file afresh, so a number from an earlier run never survives into this one."""
-    directory = Path(results_dir) if results_dir is not None else RESULTS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f'{name}.json'
-    so_far = _RECORDED.setdefault((str(directory.resolve()), name), {})
-    so_far.update(_jsonable(results))
-    payload = {'notebook': name, 'environment': environment(),
-               'recorded_at': datetime.now(timezone.utc).isoformat(timespec='seconds'),
-               'results': so_far}
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix='.tmp')
-    with os.fdopen(fd, 'w') as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)  # readers never see a half-written file
-    print(f'recorded {", ".join(_jsonable(results))} ({len(so_far)} results in {path.name})')
-    return path
+from results import _jsonable, record  # noqa: E402,F401  (d2l.record, as notebooks call it)
 
 
 # ------------------------------------------------------------- timing in turns

@@ -19,7 +19,8 @@ from queue import Empty
 
 import torch
 
-from helpers import _jsonable, check_choice, check_int, cores_per_process, num_gpus
+from helpers import check_choice, check_int, cores_per_process, num_gpus
+from results import _jsonable
 
 
 def port_is_free(port, host='127.0.0.1'):
@@ -54,7 +55,10 @@ def init_distributed(timeout=60, backend=None):
     if backend == 'nccl':
         torch.cuda.set_device(device)  # nccl's communicator binds to the current device
     dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout))
+                            timeout=timedelta(seconds=timeout),
+                            # nccl: bind the group to this GPU (barrier() warns otherwise);
+                            # gloo serves CPU tensors and GPUs it shares: no device to bind
+                            device_id=device if backend == 'nccl' else None)
     return rank, world_size, device
 
 
@@ -117,6 +121,46 @@ def _worker_main(fn, rank, world_size, port, args, queue, placement=None, thread
             dist.destroy_process_group()
 
 
+def _collect(queue, procs, results, deadline, timeout, on_progress):
+    """Fill `results` (rank -> result) from the workers' queue; raise a RuntimeError when a
+    worker fails or dies, or when the deadline passes."""
+    world_size = len(procs)
+    while len(results) < world_size:
+        try:
+            rank, status, payload = queue.get(timeout=0.2)
+        except Empty:
+            pass
+        else:
+            if status == 'error':
+                raise RuntimeError(f'rank {rank} of {world_size} failed:\n{payload}')
+            if status == 'progress':
+                if on_progress is not None:
+                    on_progress(rank, pickle.loads(payload))
+            else:
+                results[rank] = pickle.loads(payload)
+            continue
+        dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                if p.exitcode not in (None, 0) and r not in results]
+        if dead and queue.empty():
+            raise RuntimeError(f'rank {dead[0][0]} of {world_size} died with exit code '
+                               f'{dead[0][1]}')
+        if time.monotonic() > deadline:
+            raise RuntimeError(f'workers timed out after {timeout} s '
+                               f'(finished: {sorted(results)})')
+
+
+def _stop(procs, finished):
+    """Join the workers that started; terminate, then kill, any that do not end."""
+    for p in (p for p in procs if p.pid is not None):
+        p.join(timeout=5 if finished else 0)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def run_workers(fn, world_size, *args, timeout=120, port=None, on_progress=None,
                 placement=None, start_method=None, threads_per_rank=None):
     """Run fn(rank, world_size, *args) in `world_size` fresh processes; return their results.
@@ -162,40 +206,12 @@ def run_workers(fn, world_size, *args, timeout=120, port=None, on_progress=None,
                          args=(fn, r, world_size, port, args, queue, placement,
                                threads_per_rank))
              for r in range(world_size)]
-    results, deadline = {}, time.monotonic() + timeout
+    results = {}
     try:
         for p in procs:
             p.start()
-        while len(results) < world_size:
-            try:
-                rank, status, payload = queue.get(timeout=0.2)
-            except Empty:
-                pass
-            else:
-                if status == 'error':
-                    raise RuntimeError(f'rank {rank} of {world_size} failed:\n{payload}')
-                if status == 'progress':
-                    if on_progress is not None:
-                        on_progress(rank, pickle.loads(payload))
-                else:
-                    results[rank] = pickle.loads(payload)
-                continue
-            dead = [(r, p.exitcode) for r, p in enumerate(procs)
-                    if p.exitcode not in (None, 0) and r not in results]
-            if dead and queue.empty():
-                raise RuntimeError(f'rank {dead[0][0]} of {world_size} died with exit code '
-                                   f'{dead[0][1]}')
-            if time.monotonic() > deadline:
-                raise RuntimeError(f'workers timed out after {timeout} s '
-                                   f'(finished: {sorted(results)})')
+        _collect(queue, procs, results, time.monotonic() + timeout, timeout, on_progress)
     finally:
-        for p in (p for p in procs if p.pid is not None):  # the ones that started
-            p.join(timeout=5 if len(results) == world_size else 0)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _stop(procs, finished=len(results) == world_size)
         queue.close()
     return [results[r] for r in range(world_size)]

@@ -42,15 +42,8 @@ def _number(p, value, where=None):
 
 
 def _as_list(p, value):
-    if isinstance(value, str):  # papermill's -p passes a list as its text
-        try:
-            value = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise ValueError(f'{p.name}={value!r} is not a list: write it as [1, 4], or pass '
-                             f'lists to papermill with -y "{p.name}: [1, 4]"') from None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not value:
+    value = check_list(p.name, value)
+    if not value:
         raise ValueError(f'{p.name} must be a non-empty list, got {value!r}')
     return [_number(p, v, f'each of {p.name}') for v in value]
 
@@ -105,3 +98,55 @@ def check_torch(minimum, reason, installed=None):
         raise RuntimeError(f'this notebook needs torch>={minimum} ({reason}); '
                            f'this Python has torch {installed}')
     return installed
+
+
+# ------------------------------------------------- single checks, used by modules too
+def check_int(name, value, minimum=1, allow_none=False):
+    """Raise a ValueError naming `name` unless `value` is an int >= minimum (or None if allowed)."""
+    if value is None and allow_none:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f'{name} must be an integer >= {minimum}, got {value!r}')
+    return value
+
+
+def check_positive(name, value):
+    """Raise a ValueError naming `name` unless `value` is a positive number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f'{name} must be a positive number, got {value!r}')
+    return value
+
+
+def with_defaults(config, defaults):
+    """`defaults` updated by `config`; a ValueError names any setting `defaults` lacks."""
+    unknown = set(config) - set(defaults)
+    if unknown:
+        raise ValueError(f'unknown setting(s) {sorted(unknown)}; known: {sorted(defaults)}')
+    return {**defaults, **config}
+
+
+def check_list(name, value, check_item=None):
+    """A list parameter as a list, also when it arrives as text: papermill's `-p queue_lengths
+    [1,4]` delivers the string '[1,4]'. Each item goes through check_item(name, item) if given;
+    a ValueError names the parameter and says how to pass a list."""
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f'{name}={value!r} is not a list: write it as [1, 4], or pass '
+                             f'lists to papermill with -y "{name}: [1, 4]"') from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f'{name} must be a list, got {value!r}')
+    if check_item is not None:
+        for item in value:
+            check_item(f'each of {name}', item)
+    return list(value)
+
+
+def check_choice(name, value, choices):
+    """Raise a ValueError naming `name` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ValueError(f'{name} must be one of {list(choices)}, got {value!r}')
+    return value

@@ -1,19 +1,16 @@
-"""Defaults sized to the machine that runs a notebook (a parameter left at None).
+"""What every notebook's plan shares: the time budgets, and the records of a plan and a setup.
 
 Every notebook promises to finish within a time budget wherever it runs: about a minute on a
-laptop CPU (60 s for notebooks 01-04, 90 s for 05-08) and about five minutes on a GPU, from a
-Colab T4 to an H100. It keeps that promise by measuring the machine briefly (`probe`: a
-matrix-multiply throughput test of each device and the memory there is) and asking its plan
-function here what to run: `plan_06(machine, ...)` returns the sizes, an estimate of the time
-and memory they need, and one sentence saying why they were chosen. The book's full scale is
-always one parameter away.
-
-The plans take a `Machine`, so tests can plan for machines that are not there:
-`DESCRIBED['colab-t4']` and `DESCRIBED['h100']` describe the GPUs learners use, and the tests
-check every plan against their time and memory budgets on a CPU-only machine.
+laptop CPU (60 s for notebooks 01-04, 90 s for 05-09) and about five minutes on a GPU, from a
+Colab T4 to an H100. It keeps that promise by measuring the machine briefly (hardware.probe)
+and asking its plan (`plan_NN.plan_for(machine)`) what to run: the sizes, and an estimate of
+the time and memory they need. The plans take a `hardware.Machine`, so tests plan for machines
+that are not there (`hardware.DESCRIBED`). The book's full scale is always one parameter away.
 """
 import math
 from dataclasses import dataclass, field
+
+from hardware import BUSY_SHARE
 
 BUDGET_S = {'cpu': {'01': 60, '02': 60, '03': 60, '04': 60, '05': 90, '06': 90, '07': 90,
                     '08': 90, '09': 90},
@@ -53,16 +50,22 @@ def largest_fitting(candidates, seconds, limit_s, bytes_needed=None, limit_bytes
     return candidates[-1]
 
 
+BUSY = ('The probe ran while other programs took {share:.0%} of the CPU (measured twice): '
+        'the sizes chosen may be smaller than this machine allows when idle.')
+
+
 class Setup:
     """What a notebook's setup cell resolved: every parameter's final value (as attributes:
     `cfg.chain_numel`), the machine, the plan, and `why`, the few lines it prints. Each
-    notebook has one `setup_NN(...)` below, beside its plan: it checks every parameter first
-    (a ValueError naming the culprit, before any work), then probes the machine, sizes the
-    work and picks the devices."""
+    notebook's `plan_NN.setup(...)` checks every parameter first (a ValueError naming the
+    culprit, before any work), then probes the machine, sizes the work and picks the devices.
+    When the probe found the machine busy, the printout says so (BUSY)."""
 
     def __init__(self, why, **values):
         self.__dict__.update(values)
         self.why = list(why)
 
     def __str__(self):
-        return '\n'.join(self.why)
+        busy = getattr(getattr(self, 'machine', None), 'busy', None)
+        warn = [BUSY.format(share=busy)] if busy is not None and busy > BUSY_SHARE else []
+        return '\n'.join(self.why + warn)

@@ -82,6 +82,31 @@ def figures(path):
             'shown': sum(len(SHOWN.findall(s)) for s in code)}
 
 
+MODULE_TARGETS = {  # a module's figures, each at most its limit
+    'lines': 600,
+    'longest_function': 60,
+    'prose': 0.08,          # share of lines holding English in a one-line string
+}
+
+
+def module_figures(path):
+    """A module's lines, its longest function (nested ones count alone), and its prose share."""
+    import ast
+    text = open(path).read()
+    lengths = [(n.end_lineno - n.lineno + 1, n.name) for n in ast.walk(ast.parse(text))
+               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    lines = len(text.splitlines())
+    longest, name = max(lengths, default=(0, '-'))
+    return {'lines': lines, 'longest_function': longest, 'function': name,
+            'prose': scan(text)[0] / max(lines, 1)}
+
+
+def module_failures(fig):
+    return [f'{k}={fig[k]:.3g} (at most {limit})' + (f' ({fig["function"]})'
+                                                    if k == 'longest_function' else '')
+            for k, limit in MODULE_TARGETS.items() if fig[k] > limit]
+
+
 def failures(fig):
     """The targets a notebook's figures miss, as 'figure=value (target)' strings."""
     out = []
@@ -94,7 +119,8 @@ def failures(fig):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('notebooks', nargs='+')
+    ap.add_argument('notebooks', nargs='*')
+    ap.add_argument('--modules', nargs='*', help='modules: lines, longest function, prose')
     ap.add_argument('--check', action='store_true', help='exit 1 when a target is missed')
     args = ap.parse_args(argv)
     header = ('notebook', 'cells', 'lines', 'longest', 'median', '>30', '>40', 'setup', 'prose',
@@ -109,6 +135,11 @@ def main(argv=None):
             f['over_40'], f['setup'], f'{f["prose"]:.0%}', f['conditionals'],
             f'{f["words_per_line"]:.1f}')))
         missed += [f'{name}: {m}' for m in failures(f)]
+    for path in sorted(p for p in args.modules or ()):
+        f = module_figures(path)
+        print(f'{path.rsplit("/", 1)[-1]:<40}{f["lines"]:>11}{f["longest_function"]:>11}'
+              f'{f["prose"]:>11.0%}  {f["function"]}')
+        missed += [f'{path}: {m}' for m in module_failures(f)]
     if missed:
         print('\n'.join(['missed targets:'] + missed))
     return 1 if args.check and missed else 0

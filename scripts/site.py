@@ -8,7 +8,9 @@ built with the field's tools (jupyter-book, d2l.ai) expect: a sidebar of chapter
 table of contents, previous/next links, full-text search that works from a local folder served
 over HTTP (`python -m http.server -d build/site`), and on every page where, with which torch and
 when its notebook ran, from the results that run recorded. A notebook that is missing,
-unfinished or failed stops the build with its name: run `make run`.
+unfinished or failed stops the build with its name: run `make run`. A notebook whose results
+were rewritten by a later run of it alone (papermill, JupyterLab) is stale: its executed copy no
+longer matches the numbers on disk, so it is executed again (`rerun`) before the site is built.
 """
 import argparse
 import json
@@ -46,6 +48,22 @@ def run_window(nb):
     return (min(stamps), max(stamps)) if stamps else (None, None)
 
 
+class Stale(Exception):
+    """The results on disk do not come from this executed notebook's run."""
+
+
+def rerun(name, executed):
+    """Execute notebooks/<name>.ipynb again into <executed>/ (as make run does), so that it and
+    the results it records come from one run."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import execute
+    partial = executed.parent / 'partial' / f'{name}.ipynb'
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    print(f'{name}: its results were recorded by another run; executing it again')
+    execute.main([str(NOTEBOOKS / f'{name}.ipynb'), str(partial), '--cwd', str(NOTEBOOKS)])
+    partial.replace(executed / f'{name}.ipynb')
+
+
 def run_info(name, nb, results_dir):
     """One line saying where, with what and when the notebook ran: from the results JSON that
     the same run recorded (its time must fall inside the run)."""
@@ -57,12 +75,25 @@ def run_info(name, nb, results_dir):
     recorded = datetime.fromisoformat(payload['recorded_at'])
     start, end = run_window(nb)
     if start is not None and not start <= recorded <= end:
-        raise SystemExit(f'{path} was recorded at {recorded}, outside the run of {name} '
-                         f'({start} to {end}); run `make run`')
+        raise Stale(f'{path} was recorded at {recorded}, outside the run of {name} '
+                    f'({start} to {end})')
     env = payload['environment']
     gpus = ', '.join(env['gpus']) or 'no GPU'
     return (f'{env["cpu"]} ({env["cpu_count"]} cores), {gpus}; torch {env["torch"]}, Python '
             f'{env["python"]}; {recorded:%Y-%m-%d %H:%M} UTC')
+
+
+def executed_page(path, results):
+    """(the executed notebook at `path`, its run line), executing it again first if stale."""
+    nb = nbformat.read(path, 4)
+    check_complete(nb, path)
+    try:
+        return nb, run_info(path.stem, nb, results)
+    except Stale:
+        rerun(path.stem, path.parent)
+    nb = nbformat.read(path, 4)
+    check_complete(nb, path)
+    return nb, run_info(path.stem, nb, results)
 
 
 def chapters():
@@ -168,9 +199,7 @@ def build(executed, results, out):
         path = executed / name
         if not path.exists():
             raise SystemExit(f'{path} is missing; run `make run`')
-        nb = nbformat.read(path, 4)
-        check_complete(nb, path)
-        info = run_info(path.stem, nb, results)
+        nb, info = executed_page(path, results)
         nbformat.write(prepare(nb, info), source / name)
         rows.append((name, title, covers, info))
     (source / 'index.md').write_text(index_page(rows))

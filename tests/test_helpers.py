@@ -11,9 +11,19 @@ import pytest
 import torch
 from torch import nn
 
+import fashion_mnist
 import helpers as d2l
+import results
 
 CPU = torch.device('cpu')
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """This machine as a CPU-only one, whatever it has: the fallbacks are tested everywhere."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 0)
 
 
 # -------------------------------------------------------------- parameters, devices
@@ -38,7 +48,7 @@ def test_check_positive_names_the_parameter(bad):
         d2l.check_positive('lr', bad)
 
 
-def test_check_device():
+def test_check_device(cpu_only):
     assert d2l.check_device('device', None) == CPU
     assert d2l.check_device('device', 'cpu') == CPU
     for bad, message in (('cuda:2', 'has 0 GPU'), ('gpu0', 'not a device name'),
@@ -47,18 +57,28 @@ def test_check_device():
             d2l.check_device('device', bad)
 
 
-def test_try_gpu_falls_back_to_cpu_and_rejects_negative_index():
-    assert d2l.try_gpu() == CPU  # no GPU on the CI machine
+def test_try_gpu_falls_back_to_cpu_and_rejects_negative_index(cpu_only):
+    assert d2l.try_gpu() == CPU  # no GPU (made so by cpu_only)
     assert d2l.try_gpu(5) == CPU
     with pytest.raises(ValueError, match='i must be'):
         d2l.try_gpu(-1)
 
 
-def test_try_all_gpus_is_never_empty():
+def test_try_all_gpus_is_never_empty(cpu_only):
     assert d2l.try_all_gpus() == [CPU]
 
 
-def test_resolve_devices_emulates_on_cpu(capsys):
+@needs_gpu
+def test_the_gpus_there_are_are_found():
+    assert d2l.try_gpu() == torch.device('cuda:0')
+    assert d2l.try_all_gpus() == [torch.device(f'cuda:{i}')
+                                  for i in range(torch.cuda.device_count())]
+    assert d2l.check_device('device', None).type == 'cuda'
+    assert d2l.environment()['gpus'] and d2l.environment()['device'] != 'CPU'
+    d2l.synchronize()
+
+
+def test_resolve_devices_emulates_on_cpu(capsys, cpu_only):
     assert d2l.resolve_devices(3) == [CPU] * 3
     assert d2l.resolve_devices(1) == [CPU]
     out = capsys.readouterr().out
@@ -85,7 +105,7 @@ def test_synchronize_works_on_cpu():
     d2l.synchronize()
 
 
-def test_environment_describes_the_machine():
+def test_environment_describes_the_machine(cpu_only):
     env = d2l.environment()
     assert env['torch'] == torch.__version__ and env['num_threads'] >= 1 and env['gpus'] == []
 
@@ -205,7 +225,7 @@ def test_read_fashion_mnist_reads_verified_idx_files(idx_root):
 
 def test_datasets_and_loaders_from_real_files(idx_root, monkeypatch):
     root, sums = idx_root
-    monkeypatch.setattr(d2l, 'FASHION_MNIST_SHA256', sums)
+    monkeypatch.setattr(fashion_mnist, 'FASHION_MNIST_SHA256', sums)
     train, test = d2l.fashion_mnist_datasets('real', root=root, download=False, num_train=10)
     X, y = train[0]
     assert len(train) == 10 and len(test) == 5 and X.shape == (1, 28, 28)
@@ -253,14 +273,14 @@ def test_missing_data_without_fallback_says_how_to_proceed(tmp_path):
 def test_failed_download_leaves_nothing_behind(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError('no network')
-    monkeypatch.setattr(d2l.urllib.request, 'urlopen', offline)
+    monkeypatch.setattr(fashion_mnist.urllib.request, 'urlopen', offline)
     with pytest.raises(d2l.DataUnavailableError, match='could not be downloaded'):
         d2l.read_fashion_mnist(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_download_with_bad_checksum_is_not_saved(tmp_path, monkeypatch):
-    monkeypatch.setattr(d2l.urllib.request, 'urlopen',
+    monkeypatch.setattr(fashion_mnist.urllib.request, 'urlopen',
                         lambda *a, **k: io.BytesIO(b'tampered bytes'))
     with pytest.raises(ValueError, match='fails its SHA-256 check'):
         d2l.read_fashion_mnist(tmp_path)
@@ -274,7 +294,7 @@ def test_download_is_verified_and_cached(idx_root, tmp_path_factory, monkeypatch
     def serve(url, timeout):
         served.append(url)
         return io.BytesIO((source / url.rsplit('/', 1)[1]).read_bytes())
-    monkeypatch.setattr(d2l.urllib.request, 'urlopen', serve)
+    monkeypatch.setattr(fashion_mnist.urllib.request, 'urlopen', serve)
     cache = tmp_path_factory.mktemp('cache')
     first = d2l.read_fashion_mnist(cache, checksums=sums)
     second = d2l.read_fashion_mnist(cache, checksums=sums)
@@ -350,11 +370,11 @@ def test_record_writes_json_atomically(tmp_path):
 def test_record_adds_each_sections_numbers_in_one_run(tmp_path, monkeypatch):
     """Sections record where they measure: the file gathers this process's numbers, and a new
     process (a new kernel) starts it afresh, so no number survives from an earlier run."""
-    monkeypatch.setattr(d2l, '_RECORDED', {})
+    monkeypatch.setattr(results, '_RECORDED', {})
     d2l.record('98_test', {'first': 1}, tmp_path)
     path = d2l.record('98_test', {'second': 2, 'first': 3}, tmp_path)
     assert json.loads(path.read_text())['results'] == {'first': 3, 'second': 2}
-    monkeypatch.setattr(d2l, '_RECORDED', {})  # as a new kernel would
+    monkeypatch.setattr(results, '_RECORDED', {})  # as a new kernel would
     d2l.record('98_test', {'third': 4}, tmp_path)
     assert json.loads(path.read_text())['results'] == {'third': 4}
 
@@ -409,14 +429,14 @@ def test_accumulator_and_accuracy_count_like_d2l():
     assert metric.data == [0.0, 0.0]
 
 
-def test_book_style_training_runs_on_a_cpu_only_machine(idx_root, monkeypatch):
+def test_book_style_training_runs_on_a_cpu_only_machine(idx_root, monkeypatch, cpu_only):
     """The chapter's call pattern (12.6) under `import helpers as d2l`: a ResNet built from
     lazy Residual blocks, weights re-initialised with apply, DataParallel over
     [d2l.try_gpu(i) ...], the default data loader, an Animator and a Timer."""
     root, sums = idx_root
-    monkeypatch.setattr(d2l, 'DATA_DIR', root)
-    monkeypatch.setattr(d2l, 'FASHION_MNIST_SHA256', sums)
-    d2l._loaded.clear()
+    monkeypatch.setattr(fashion_mnist, 'DATA_DIR', root)
+    monkeypatch.setattr(fashion_mnist, 'FASHION_MNIST_SHA256', sums)
+    fashion_mnist._loaded.clear()
     net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                         d2l.Residual(8), d2l.Residual(16, use_1x1conv=True, strides=2),
                         nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(16, 10))
@@ -441,7 +461,7 @@ def test_book_style_training_runs_on_a_cpu_only_machine(idx_root, monkeypatch):
         timer.stop()
         animator.add(epoch + 1, (d2l.evaluate_accuracy_gpu(model, test_iter),))
     assert len(animator.Y[0]) == 2 and 0 <= animator.Y[0][-1] <= 1 and timer.avg() > 0
-    d2l._loaded.clear()
+    fashion_mnist._loaded.clear()
 
 
 # ------------------------------------------------------- list parameters, root, progress
@@ -465,7 +485,8 @@ def test_course_root_is_the_repository_here_and_the_working_directory_elsewhere(
     import sys
     from pathlib import Path
     assert d2l.ROOT == Path(d2l.__file__).resolve().parent.parent
-    for module in ('helpers.py', 'stats.py'):  # helpers and what it imports
+    for module in ('helpers.py', 'stats.py', 'paths.py', 'parameters.py', 'fashion_mnist.py',
+                   'results.py'):  # helpers and what it imports
         (tmp_path / module).write_text((Path(d2l.__file__).parent / module).read_text())
     probe = 'import helpers, pathlib; print(helpers.ROOT == pathlib.Path.cwd().resolve())'
     out = subprocess.run([sys.executable, '-c', probe], cwd=tmp_path, capture_output=True,
@@ -474,16 +495,17 @@ def test_course_root_is_the_repository_here_and_the_working_directory_elsewhere(
 
 
 def test_synthetic_data_is_cached_on_disk_and_a_bad_cache_is_redrawn(tmp_path, monkeypatch):
-    monkeypatch.setattr(d2l, 'DATA_DIR', tmp_path / 'fashion-mnist')
+    monkeypatch.setattr(fashion_mnist, 'DATA_DIR', tmp_path / 'fashion-mnist')
     calls = []
-    draw = d2l.synthetic_fashion_mnist
-    monkeypatch.setattr(d2l, 'synthetic_fashion_mnist', lambda: calls.append(1) or draw(50, 20))
-    first = d2l._synthetic_cached()
+    draw = fashion_mnist.synthetic_fashion_mnist
+    monkeypatch.setattr(fashion_mnist, 'synthetic_fashion_mnist',
+                        lambda: calls.append(1) or draw(50, 20))
+    first = fashion_mnist._synthetic_cached()
     (cache,) = tmp_path.glob('synthetic-fashion-mnist-*.pt')
-    second = d2l._synthetic_cached()
+    second = fashion_mnist._synthetic_cached()
     assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first, second))
     cache.write_bytes(b'truncated')
-    third = d2l._synthetic_cached()
+    third = fashion_mnist._synthetic_cached()
     assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(first, third))
     assert [p.name for p in tmp_path.iterdir()] == [cache.name]  # no temporary files left
 

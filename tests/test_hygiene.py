@@ -127,3 +127,25 @@ def test_parameters_cells_are_written_from_their_declarations():
     export = load_script('export')
     stale = [nb.name for nb, now, want in export.parameter_cells() if now != want]
     assert not stale, f'{stale}: parameters cells disagree with PARAMETERS: run `make export`'
+
+
+MODULES = sorted((ROOT / 'notebooks').glob('*.py'))
+
+
+@pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
+def test_module_stays_readable(path):
+    """scripts/anatomy.py's module figures within their targets: at most 600 lines, no function
+    over 60 lines, English in one-line strings on at most 8% of the lines (prose belongs in the
+    notebooks' Markdown; a verdict's wording in one table of templates)."""
+    anatomy = load_script('anatomy')
+    figures = anatomy.module_figures(path)
+    assert not anatomy.module_failures(figures), (anatomy.module_failures(figures), figures)
+
+
+def test_module_figures_count_lines_functions_and_prose(tmp_path):
+    anatomy = load_script('anatomy')
+    module = tmp_path / 'm.py'
+    module.write_text("def f():\n    def g():\n        return 'the cat sat'\n    return g\n")
+    figures = anatomy.module_figures(module)
+    assert (figures['lines'], figures['longest_function'], figures['function']) == (4, 4, 'f')
+    assert figures['prose'] == 0.25

@@ -1,4 +1,5 @@
-"""The shared parts of sizing.py: the probe, its GPU path (simulated here), and Setup."""
+"""The shared parts of sizing.py and the probe in hardware.py: its GPU path (simulated here), its
+load meter, and Setup."""
 import contextlib
 import dataclasses
 from types import SimpleNamespace
@@ -56,3 +57,53 @@ def test_a_machine_of_several_gpus_is_planned_as_the_one_a_notebook_runs_on(monk
                                                  'float16']
     on_cpu = hardware.on_device(mixed, torch.device('cpu'))
     assert not on_cpu.on_gpu and on_cpu.gpus == 0 and 'CPU' in on_cpu.name
+
+
+class _Meter:
+    """A LoadMeter stand-in that reads each share in turn."""
+    shares = []
+
+    def __init__(self, min_ticks=None):
+        pass
+
+    def __enter__(self):
+        self.others = _Meter.shares.pop(0)
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_the_probe_measures_again_on_a_busy_machine_and_says_so(monkeypatch):
+    """09 once planned from a probe taken while another notebook ran: the probe meters the
+    load, measures again when others took over BUSY_SHARE, keeps the faster reading, and the
+    Machine says how busy it was."""
+    rates = iter([4e10, 4e10, 1.2e11, 1.2e11])  # busy first (all cores, one core), then idle
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(hardware, 'LoadMeter', _Meter)
+    monkeypatch.setattr(hardware, '_matmul_flops', lambda *a, **k: next(rates))
+    _Meter.shares = [0.6, 0.1]
+    hardware.probe.cache_clear()
+    try:
+        machine = hardware.probe()
+        assert machine.host_flops == 1.2e11 and machine.busy == 0.1
+        hardware.probe.cache_clear()
+        rates = iter([5e10] * 4)
+        _Meter.shares = [0.7, 0.8]   # busy both times: the reading says so
+        assert hardware.probe().busy == 0.7
+    finally:
+        hardware.probe.cache_clear()
+
+
+def test_every_described_machine_is_complete():
+    assert set(hardware.DESCRIBED) >= {'cpu-2core', 'cpu-16core', 'colab-t4', 'h100', '8xh100'}
+    for name, m in hardware.DESCRIBED.items():
+        assert m.host_cores >= 1 and m.flops > 0 and m.memory > 0, name
+        assert (m.gpus > 0) == m.on_gpu and len(m.gpu_flops) in (0, m.gpus), name
+
+
+def test_a_setup_planned_on_a_busy_machine_says_so():
+    busy = dataclasses.replace(hardware.DESCRIBED['cpu-2core'], busy=0.6)
+    quiet = dataclasses.replace(busy, busy=0.1)
+    assert '60% of the CPU' in str(sizing.Setup(['chosen'], machine=busy))
+    assert str(sizing.Setup(['chosen'], machine=quiet)) == 'chosen'

@@ -2,6 +2,7 @@
 kernels started without jupyter's TCP warning, and requirements.txt saying truly which notebooks
 need what."""
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -242,3 +243,32 @@ def test_requirements_say_which_notebooks_need_numpy_distributed_and_diagrams():
     said = {'numpy': numbers(lines['numpy']), 'torch.distributed': numbers(distributed),
             'diagrams': numbers(diagrams)}
     assert said == uses, f'requirements.txt says {said}; the notebooks\' imports say {uses}'
+
+
+def test_make_html_executes_a_stale_notebook_again(tmp_path, monkeypatch):
+    """A learner reruns one notebook after `make run`: its results now come from that run, not
+    from the executed copy. The site executes that notebook again instead of refusing."""
+    site = load_script('site')
+    (tmp_path / 'results').mkdir()
+
+    def executed(at):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('1', execution_count=1)])
+        nb.cells[0].metadata['execution'] = {'iopub.execute_input': f'{at}:00Z',
+                                             'iopub.status.idle': f'{at}:30Z'}
+        nbformat.write(nb, tmp_path / '01_x.ipynb')
+        env = {'cpu': 'cpu', 'cpu_count': 2, 'gpus': [], 'torch': '2.13', 'python': '3.11'}
+        (tmp_path / 'results' / '01_x.json').write_text(json.dumps(
+            {'recorded_at': f'{at}:10+00:00', 'environment': env}))
+
+    executed('2026-11-26T10:00')
+    results = tmp_path / 'results' / '01_x.json'
+    payload = json.loads(results.read_text())
+    payload['recorded_at'] = '2026-11-26T11:00:00+00:00'  # a later run rewrote the results
+    results.write_text(json.dumps(payload))
+    reruns = []
+    monkeypatch.setattr(site, 'rerun', lambda name, where: (reruns.append(name),
+                                                            executed('2026-11-26T12:00')))
+    nb, info = site.executed_page(tmp_path / '01_x.ipynb', tmp_path / 'results')
+    assert reruns == ['01_x'] and '2026-11-26 12:00' in info
+    assert site.executed_page(tmp_path / '01_x.ipynb', tmp_path / 'results')[1] == info
+    assert reruns == ['01_x'], 'a notebook whose results match its run is not executed again'
