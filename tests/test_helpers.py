@@ -359,8 +359,9 @@ def test_resnet18_shapes():
 
 # ----------------------------------------------------------------------- record
 def test_record_writes_json_atomically(tmp_path):
-    path = d2l.record('99_test', {'speedup': torch.tensor(2.0), 'sizes': (1, 2),
-                                  'nested': {3: [torch.tensor([1, 2])]}}, tmp_path)
+    assert d2l.record('99_test', {'speedup': torch.tensor(2.0), 'sizes': (1, 2),
+                                  'nested': {3: [torch.tensor([1, 2])]}}, tmp_path) is None
+    path = tmp_path / '99_test.json'  # a cell ending in record() displays nothing
     payload = json.loads(path.read_text())
     assert payload['results'] == {'speedup': 2.0, 'sizes': [1, 2], 'nested': {'3': [[1, 2]]}}
     assert payload['environment']['torch'] == torch.__version__
@@ -372,7 +373,8 @@ def test_record_adds_each_sections_numbers_in_one_run(tmp_path, monkeypatch):
     process (a new kernel) starts it afresh, so no number survives from an earlier run."""
     monkeypatch.setattr(results, '_RECORDED', {})
     d2l.record('98_test', {'first': 1}, tmp_path)
-    path = d2l.record('98_test', {'second': 2, 'first': 3}, tmp_path)
+    d2l.record('98_test', {'second': 2, 'first': 3}, tmp_path)
+    path = tmp_path / '98_test.json'
     assert json.loads(path.read_text())['results'] == {'first': 3, 'second': 2}
     monkeypatch.setattr(results, '_RECORDED', {})  # as a new kernel would
     d2l.record('98_test', {'third': 4}, tmp_path)
