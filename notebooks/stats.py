@@ -82,6 +82,7 @@ NOISE = {
 }
 EVIDENCE = {
     'repeats': 'the repeats do not overlap',
+    'one_side': 'the single measurement lies outside the other side\'s repeats',
     'single': 'single measurements, so only the 5% rule applies',
 }
 
@@ -122,10 +123,11 @@ class Comparison:
 
     @property
     def overlap(self):
-        """Whether the ranges of the repeats overlap (False without repeats on both sides)."""
-        if not self.repeated:
-            return False
+        """Whether the ranges of the repeats overlap; where only one side has repeats, whether
+        the other's single value lies within them (False without repeats on either side)."""
         (a_lo, a_hi), (b_lo, b_hi) = spread(self.a_values), spread(self.b_values)
+        if len(self.a_values) == 1 == len(self.b_values):
+            return False
         return max(a_lo, b_lo) <= min(a_hi, b_hi)
 
     @property
@@ -152,7 +154,13 @@ class Comparison:
         return _sentence(TEMPLATES[outcome].format(
             a=self.a, b=self.b, x=x, y=y, factor=_times(self.factor),
             ratio=_times(_divide(self.a_median, self.b_median)),
-            evidence=EVIDENCE['repeats' if self.repeated else 'single']))
+            evidence=EVIDENCE[self.evidence]))
+
+    @property
+    def evidence(self):
+        """Which repeats the verdict rests on: 'repeats' (both sides), 'one_side', 'single'."""
+        counts = sorted((len(self.a_values), len(self.b_values)))
+        return 'repeats' if counts[0] > 1 else 'one_side' if counts[1] > 1 else 'single'
 
     def __str__(self):
         return self.verdict
@@ -197,8 +205,8 @@ def compare(a, b, a_name=None, b_name=None, lower_is_better=True, unit='s'):
 # What a measurement against a model or a bound says.
 MODEL_TEMPLATES = {
     'agrees': 'The measured {what}, {x}, agrees with the model\'s {y} (within {tol:.0%}).',
-    'above': 'The measured {what}, {x}, is {off:.0%} above the model\'s {y}.',
-    'below': 'The measured {what}, {x}, is {off:.0%} below the model\'s {y}.',
+    'above': 'The measured {what}, {x}, is {off} above the model\'s {y}.',
+    'below': 'The measured {what}, {x}, is {off} below the model\'s {y}.',
 }
 
 
@@ -224,10 +232,16 @@ class AgainstModel:
         outcome = 'agrees' if self.agrees else 'above' if self.off > 0 else 'below'
         return MODEL_TEMPLATES[outcome].format(
             what=self.what, x=format_value(self.measured, self.unit),
-            y=format_value(self.model, self.unit), tol=self.tolerance, off=abs(self.off))
+            y=format_value(self.model, self.unit), tol=self.tolerance, off=_gap(abs(self.off)))
 
     def __str__(self):
         return self.verdict
+
+
+def _gap(share):
+    """A relative gap as a person writes it, exact enough not to read as the tolerance: 10.1%,
+    46%, 250%."""
+    return f'{share:.1%}' if share < 0.1995 else f'{share:.0%}'
 
 
 def against_model(what, measured, model, tolerance=NOISE_FLOOR, unit=''):

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / 'notebooks'
 MARK = re.compile(r'^#@save (\w+)\s*$')
-BEGIN = '# ---- saved from {nb} (make export writes this block; edit the notebook, not here)'
+BEGIN = '# ---- saved from {nb} by make export: edit the notebook'
 END = '# ---- end of what {nb} saves'
 
 

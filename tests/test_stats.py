@@ -172,3 +172,18 @@ def test_compare_refuses_times_at_or_below_zero():
     with pytest.raises(ValueError, match='eager'):
         stats.compare([1e-6], [0.0], 'compiled', 'eager')
     stats.compare([-1.0], [2.0], 'a', 'b', unit='')  # not times: a sign is allowed
+
+
+def test_a_single_measurement_within_the_other_sides_repeats_is_no_difference():
+    """03 once set one profiled run against five unprofiled rounds (75 to 228 ms) and called
+    the single run 2.29x faster: the spread of the side that has repeats counts too."""
+    within = stats.compare([0.1], [0.075, 0.09, 0.12, 0.2, 0.228], 'profiled', 'alone')
+    assert not within.differs and 'No difference measured' in within.verdict
+    outside = stats.compare([0.05], [0.075, 0.09, 0.12, 0.2, 0.228], 'profiled', 'alone')
+    assert outside.differs and "outside the other side's repeats" in outside.verdict
+
+
+def test_a_gap_against_a_model_is_not_rounded_onto_its_tolerance():
+    """07 printed "10% below the model" for a gap of 10.1%, beside a 10% tolerance."""
+    off = stats.against_model('ring time', 74.4e-3, 82.8e-3, tolerance=0.1, unit='s')
+    assert not off.agrees and '10.1% below' in off.verdict
