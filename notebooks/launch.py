@@ -5,8 +5,8 @@ cluster.run_workers), each calling fn(rank, k, ...); inside, `init_distributed()
 process group (gloo on CPUs, nccl when every process has a GPU of its own) and `report(...)`
 sends progress back while the run goes on. Nothing hangs: a failed or dead rank, or a run past
 its timeout, stops every process and raises here. Worker functions must live in an importable
-module (workers start from a fresh interpreter), which is why notebooks 05-09 keep theirs in
-pipeline.py, ddp_train.py, overlap.py, param_server.py, zero.py and model_parallel.py.
+module (workers start from a fresh interpreter): notebooks 05-09 write their taught code into
+such modules from `#@save` cells (scripts/export.py), where the workers import it.
 """
 import json
 import os
