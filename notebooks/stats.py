@@ -205,6 +205,8 @@ def compare(a, b, a_name=None, b_name=None, lower_is_better=True, unit='s'):
 # What a measurement against a model or a bound says.
 MODEL_TEMPLATES = {
     'agrees': 'The measured {what}, {x}, agrees with the model\'s {y} (within {tol:.0%}).',
+    'spread': ('The measured {what}, {x}, agrees with the model\'s {y}: the model lies within the '
+               'spread of the repeats ({lo} to {hi}).'),
     'above': 'The measured {what}, {x}, is {off} above the model\'s {y}.',
     'below': 'The measured {what}, {x}, is {off} below the model\'s {y}.',
 }
@@ -217,6 +219,12 @@ class AgainstModel:
     model: float
     tolerance: float = NOISE_FLOOR
     unit: str = ''
+    values: tuple = ()   # the repeats behind `measured` (their median), if any
+
+    @property
+    def within_spread(self):
+        """Whether the model lies within the repeats' range (the noise rule; False for one)."""
+        return len(self.values) > 1 and min(self.values) <= self.model <= max(self.values)
 
     @property
     def off(self):
@@ -225,14 +233,18 @@ class AgainstModel:
 
     @property
     def agrees(self):
-        return abs(self.off) <= self.tolerance
+        """Within the tolerance, or within the spread of the repeats."""
+        return abs(self.off) <= self.tolerance or self.within_spread
 
     @property
     def verdict(self):
-        outcome = 'agrees' if self.agrees else 'above' if self.off > 0 else 'below'
+        outcome = ('agrees' if abs(self.off) <= self.tolerance else 'spread' if self.within_spread
+                   else 'above' if self.off > 0 else 'below')
+        lo, hi = (format_value(v, self.unit) for v in spread(self.values or (self.measured,)))
         return MODEL_TEMPLATES[outcome].format(
             what=self.what, x=format_value(self.measured, self.unit),
-            y=format_value(self.model, self.unit), tol=self.tolerance, off=_gap(abs(self.off)))
+            y=format_value(self.model, self.unit), tol=self.tolerance, off=_gap(abs(self.off)),
+            lo=lo, hi=hi)
 
     def __str__(self):
         return self.verdict
@@ -245,10 +257,13 @@ def _gap(share):
 
 
 def against_model(what, measured, model, tolerance=NOISE_FLOOR, unit=''):
-    """A measurement set beside what a model (a formula, a paper's accounting) predicts."""
+    """A measurement set beside what a model (a formula, a paper's accounting) predicts. With
+    repeats (a Measurement or a sequence), the model agrees when it lies within their spread,
+    as the noise rule has it, whatever the median's distance."""
     if model == 0:
         raise ValueError(f'the model predicts 0 for {what}: nothing to compare against')
-    return AgainstModel(what, float(median(samples(measured))), float(model), tolerance, unit)
+    values = samples(measured)
+    return AgainstModel(what, float(median(values)), float(model), tolerance, unit, values)
 
 
 def fit_line_robust(x, y):

@@ -187,3 +187,12 @@ def test_a_gap_against_a_model_is_not_rounded_onto_its_tolerance():
     """07 printed "10% below the model" for a gap of 10.1%, beside a 10% tolerance."""
     off = stats.against_model('ring time', 74.4e-3, 82.8e-3, tolerance=0.1, unit='s')
     assert not off.agrees and '10.1% below' in off.verdict
+
+
+def test_a_model_within_the_spread_of_the_repeats_agrees():
+    """04 printed "268 GFLOP/s is 20% below the model's 333" for repeats of 4.6, 268 and 377."""
+    within = stats.against_model('float32 rate', [4.6e9, 268e9, 377e9], 333e9)
+    assert within.agrees and 'within the spread of the repeats' in within.verdict
+    outside = stats.against_model('float32 rate', [250e9, 268e9, 280e9], 333e9)
+    assert not outside.agrees and '19.5% below' in outside.verdict
+    assert not stats.against_model('x', 268e9, 333e9).agrees  # one value: no spread to lie in
