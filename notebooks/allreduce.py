@@ -13,14 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-import helpers
 import launch
 import stats
 
 
 # ------------------------------------------------------------ collectives from send/recv
-def _ring(ranks):
-    # explicit ranks are checked before the process group is touched
+def ring_position(ranks):
+    """(the ranks of a ring, this process's place in it): all processes where ranks is None.
+    Explicit ranks are checked before the process group is touched."""
     ranks = list(range(dist.get_world_size()) if ranks is None else ranks)
     if len(ranks) < 2:
         raise ValueError(f'a ring needs at least 2 processes, got {len(ranks)}')
@@ -41,25 +41,17 @@ def ring_segments(numel, element_size, n, cores=None):
     return max(1, min(16, round(chunk_bytes / (SEGMENT_BYTES * max(1.0, n / cores)))))
 
 
+# ---- saved from 07_parameter_servers.ipynb by make export: edit the notebook
 def ring_allreduce(tensor, ranks=None, segments=None, window=2):
-    """Sum `tensor` over the processes in `ranks` (default: all), in place, along a ring.
-
-    The tensor is cut into n chunks (sizes may differ by one element). Reduce-scatter: in n-1
-    steps each process sends one chunk to its right neighbour and adds the chunk arriving from
-    its left, so each process ends owning one fully summed chunk. All-gather: n-1 more steps
-    pass the summed chunks around. Every process sends 2(n-1)/n of the data in total.
-
-    Pipelining: each chunk is cut into `segments` pieces, and a piece moves on to the right as
-    soon as it has arrived (and been added), while the next pieces are still on the wire, so
-    sending, receiving and adding overlap. `window` receives are posted ahead of use.
-    segments=1 is the plain ring: each step waits for a whole chunk before adding it;
-    None picks `ring_segments` (pieces of about 4 MiB, more with more processes than cores).
-    """
-    ranks, i = _ring(ranks)
+    '''Sum `tensor` over the processes in `ranks` (default: all), in place, along a ring of n:
+    reduce-scatter in n-1 steps, then all-gather in n-1 more; every process sends 2(n-1)/n of
+    the data. Each chunk moves in `segments` pieces (1: the plain ring; None: ring_segments),
+    with `window` receives posted ahead of use.'''
+    ranks, i = ring_position(ranks)
     if segments is None:
         segments = ring_segments(tensor.numel(), tensor.element_size(), len(ranks))
-    helpers.check_int('segments', segments)
-    helpers.check_int('window', window)
+    if segments < 1 or window < 1:
+        raise ValueError(f'segments and window must be at least 1, got {segments}, {window}')
     n = len(ranks)
     right, left = ranks[(i + 1) % n], ranks[(i - 1) % n]
     flat = tensor.view(-1)  # contiguous tensors only: the result must land in `tensor`
@@ -104,27 +96,10 @@ def ring_allreduce(tensor, ranks=None, segments=None, window=2):
     return tensor
 
 
-def ring_both_ways(tensor, ranks=None):
-    """Sum `tensor` over `ranks` as two rings at once: its first half clockwise, its second
-    half counter-clockwise (the ranks reversed), the second in a thread of its own. With three
-    or more processes each ring has its own ordered pairs of neighbours, so a process sends
-    to both of them, and receives from both, at the same time."""
-    ranks = list(range(dist.get_world_size()) if ranks is None else ranks)
-    if len(ranks) < 3:
-        raise ValueError(f'two opposite rings need at least 3 processes (with 2, both '
-                         f'directions are the same ring), got {len(ranks)}')
-    forward, backward = tensor.view(-1).tensor_split(2)
-    with ThreadPoolExecutor(1) as pool:
-        other = pool.submit(ring_allreduce, backward, ranks[::-1])
-        ring_allreduce(forward, ranks)
-        other.result()  # raises here what the other ring raised
-    return tensor
-
-
 def naive_allreduce(tensor, ranks=None):
-    """Sum over `ranks` by sending everything to the first rank and back: the root's link
-    carries 2(n-1) full tensors while the others idle."""
-    ranks, i = _ring(ranks)
+    '''Sum over `ranks` by sending everything to the first rank and back: the root's link
+    carries 2(n-1) full tensors while the others idle.'''
+    ranks, i = ring_position(ranks)
     root = ranks[0]
     if i == 0:
         buf = torch.empty_like(tensor)
@@ -137,6 +112,24 @@ def naive_allreduce(tensor, ranks=None):
         dist.send(tensor, root)
         dist.recv(tensor, root)
     return tensor
+
+
+def ring_both_ways(tensor, ranks=None):
+    '''Sum `tensor` over `ranks` as two rings at once: its first half clockwise, its second
+    half counter-clockwise (the ranks reversed), the second in a thread of its own. With three
+    or more processes each ring has its own ordered pairs of neighbours, so a process sends
+    to both of them, and receives from both, at the same time.'''
+    ranks = list(range(dist.get_world_size()) if ranks is None else ranks)
+    if len(ranks) < 3:
+        raise ValueError(f'two opposite rings need at least 3 processes (with 2, both '
+                         f'directions are the same ring), got {len(ranks)}')
+    forward, backward = tensor.view(-1).tensor_split(2)
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(ring_allreduce, backward, ranks[::-1])
+        ring_allreduce(forward, ranks)
+        other.result()  # raises here what the other ring raised
+    return tensor
+# ---- end of what 07_parameter_servers.ipynb saves
 
 
 # ------------------------------------------------------------------- the workers
@@ -205,79 +198,95 @@ def benchmark_worker(rank, world_size, sizes_bytes, repeats, group_sizes, segmen
         raise ValueError(f'segment_counts {list(segment_counts)} must include the ring\'s '
                          f'default segments for the largest size (n: segments): {missing}')
     _joined()
-    groups = _groups(world_size)
-    algorithms = {'ring': lambda x, n: ring_allreduce(x, range(n)),
-                  'naive': lambda x, n: naive_allreduce(x, range(n)),
-                  'dist.all_reduce': lambda x, n: dist.all_reduce(x, group=groups[n])}
-    samples = {}
-    empty = torch.empty(0)
+    bench = _Bench(rank, _groups(world_size), big)
+    for size in sizes_bytes:
+        bench.sweep(size, repeats, group_sizes, bool(segment_counts) and size == big,
+                    naive_up_to, bytes_per_sample)
+    if segment_counts:
+        for n in group_sizes:
+            bench.race(n, segment_counts, race_repeats)
+    return bench.samples if rank == 0 else None
 
-    def ping(x, n):  # rank 0 times the round trip itself: no barrier inside the sample
-        if rank == 0:
+
+class _Bench:
+    """benchmark_worker's clock and its samples, {(name, n, bytes): [seconds, ...]}."""
+
+    def __init__(self, rank, groups, big):
+        self.rank, self.groups, self.big, self.samples = rank, groups, big, {}
+        self.empty, self.inbox = torch.empty(0), None
+        self.algorithms = {'ring': lambda x, n: ring_allreduce(x, range(n)),
+                           'naive': lambda x, n: naive_allreduce(x, range(n)),
+                           'dist.all_reduce': lambda x, n: dist.all_reduce(x, group=groups[n])}
+
+    def ping(self, x, n):  # rank 0 times the round trip itself: no barrier inside the sample
+        if self.rank == 0:
             dist.send(x, 1)
-            dist.recv(empty, 1)
-        elif rank == 1:
+            dist.recv(self.empty, 1)
+        elif self.rank == 1:
             dist.recv(x, 0)
-            dist.send(empty, 0)
+            dist.send(self.empty, 0)
 
-    def shift(x, n):  # every rank sends to its right and receives from its left at once
-        if rank < n:
-            requests = [dist.isend(x, (rank + 1) % n), dist.irecv(inbox, (rank - 1) % n)]
+    def shift(self, x, n):  # every rank sends to its right and receives from its left at once
+        if self.rank < n:
+            requests = [dist.isend(x, (self.rank + 1) % n),
+                        dist.irecv(self.inbox, (self.rank - 1) % n)]
             for request in requests:
                 request.wait()
 
-    def sample(key, fn, x, n, number):
+    def sample(self, key, fn, x, n, number):
+        """Time `number` calls of fn on the first n ranks, ending when the slowest ends."""
         dist.barrier()
         tik, cpu = time.perf_counter(), time.process_time()
         for _ in range(number):
-            if rank < n:
+            if self.rank < n:
                 fn(x, n)
         cpu = time.process_time() - cpu  # this process's CPU time, all its threads
         if key[0] != 'p2p':
             dist.barrier()  # everyone waits for the slowest: the collective's time
-        samples.setdefault(key, []).append((time.perf_counter() - tik) / number)
+        self.samples.setdefault(key, []).append((time.perf_counter() - tik) / number)
         if key[0].startswith('race:'):
-            samples.setdefault(('cpu:' + key[0][5:], *key[1:]), []).append(cpu)
-        elif key[0] in ('p2p', 'shift') and key[2] == big:  # every process's CPU, summed
+            self.samples.setdefault(('cpu:' + key[0][5:], *key[1:]), []).append(cpu)
+        elif key[0] in ('p2p', 'shift') and key[2] == self.big:  # every process's CPU, summed
             total = torch.tensor([cpu / number], dtype=torch.float64)
             dist.all_reduce(total)
-            samples.setdefault(('cpus:' + key[0], *key[1:]), []).append(total.item())
+            self.samples.setdefault(('cpus:' + key[0], *key[1:]), []).append(total.item())
 
-    for size in sizes_bytes:
-        x, inbox = torch.ones(size // 4), torch.empty(size // 4)
+    def sweep(self, size, repeats, group_sizes, raced, naive_up_to, bytes_per_sample):
+        """p2p, shift and the all-reduces at one size (at a raced size, only the naive one)."""
+        x, self.inbox = torch.ones(size // 4), torch.empty(size // 4)
         number = max(1, min(32, bytes_per_sample // size))  # small messages: many per sample
-        raced = segment_counts and size == big
-        cases = [('p2p', 2, ping)] + [('shift', n, shift) for n in group_sizes] + [
-            (name, n, fn) for n in group_sizes for name, fn in algorithms.items()
+        cases = [('p2p', 2, self.ping)] + [('shift', n, self.shift) for n in group_sizes] + [
+            (name, n, fn) for n in group_sizes for name, fn in self.algorithms.items()
             if not (raced and name != 'naive')
             and not (name == 'naive' and naive_up_to is not None and size > naive_up_to)]
         for name, n, fn in cases:
             for _ in range(repeats + 1):  # the first sample warms up
-                sample((name, n, size), fn, x, n, number)
+                self.sample((name, n, size), fn, x, n, number)
             for key in [(name, n, size), ('cpus:' + name, n, size)]:
-                if key in samples:
-                    samples[key].pop(0)
-    if segment_counts:
-        x = torch.ones(big // 4)
-        for n in group_sizes:
-            race = {'race:dist.all_reduce': algorithms['dist.all_reduce']}
-            race.update({f'race:{s}': lambda x, n, s=s: ring_allreduce(x, range(n), segments=s)
-                         for s in segment_counts})
-            for r in range(race_repeats + 1):
-                for name, fn in race.items():
-                    sample((name, n, big), fn, x, n, 1)
-                    if r == 0:  # warm-up
-                        samples[name, n, big].pop(0)
-                        samples['cpu:' + name[5:], n, big].pop(0)
-            for s in segment_counts:  # gloo's time over the ring's, repeat by repeat
-                samples[f'paired:{s}', n, big] = [
-                    a / b for a, b in zip(samples['race:dist.all_reduce', n, big],
-                                          samples[f'race:{s}', n, big])]
-            default = ring_segments(big // 4, 4, n)
-            samples['ring', n, big] = samples[f'race:{default}', n, big]
-            samples['paired', n, big] = samples[f'paired:{default}', n, big]
-            samples['dist.all_reduce', n, big] = samples['race:dist.all_reduce', n, big]
-    return samples if rank == 0 else None
+                if key in self.samples:
+                    self.samples[key].pop(0)
+
+    def race(self, n, segment_counts, race_repeats):
+        """dist.all_reduce against the ring at each segment count, interleaved, at the largest
+        size; then the paired ratios and the default ring's entries."""
+        big, samples, x = self.big, self.samples, torch.ones(self.big // 4)
+        race = {'race:dist.all_reduce': self.algorithms['dist.all_reduce']}
+        race.update({f'race:{s}': lambda x, n, s=s: ring_allreduce(x, range(n), segments=s)
+                     for s in segment_counts})
+        for r in range(race_repeats + 1):
+            for name, fn in race.items():
+                self.sample((name, n, big), fn, x, n, 1)
+                if r == 0:  # warm-up
+                    samples[name, n, big].pop(0)
+                    samples['cpu:' + name[5:], n, big].pop(0)
+        for s in segment_counts:  # gloo's time over the ring's, repeat by repeat
+            samples[f'paired:{s}', n, big] = [
+                a / b for a, b in zip(samples['race:dist.all_reduce', n, big],
+                                      samples[f'race:{s}', n, big])]
+        default = ring_segments(big // 4, 4, n)
+        samples['ring', n, big] = samples[f'race:{default}', n, big]
+        samples['paired', n, big] = samples[f'paired:{default}', n, big]
+        samples['dist.all_reduce', n, big] = samples['race:dist.all_reduce', n, big]
 
 
 def both_directions_worker(rank, world_size, numel, repeats):

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -424,64 +425,23 @@ class Cluster:
 def _measure_path(src, dst, nbytes, pings):
     """Ping-pong and stream between two hosts, from two threads of this process, each in its
     host's namespace (a thread may join a network namespace on its own)."""
-    import socket
     ready, result, errors = threading.Event(), {}, []
 
-    def in_netns(name, body):
+    def in_netns(name, body, *args):
         def target():
             try:
                 launch.join_netns(name)
-                body()
+                body(*args)
             except BaseException as e:  # reported by the caller
                 errors.append(e)
                 ready.set()
         return threading.Thread(target=target, daemon=True)
 
-    def serve():
-        with socket.create_server((dst.address, 0)) as server:
-            server.settimeout(30)
-            result['port'] = server.getsockname()[1]
-            ready.set()
-            conn, _ = server.accept()
-        with conn:
-            conn.settimeout(30)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for _ in range(pings):
-                conn.sendall(conn.recv(1))
-            buf, got = bytearray(1 << 20), 0
-            while got < nbytes:
-                n = conn.recv_into(buf)
-                if not n:
-                    raise ConnectionError('sender closed early')
-                got += n
-            conn.sendall(b'k')
-
-    def send():
-        with socket.create_connection((dst.address, result['port']), timeout=30) as conn:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            rtts = []
-            for _ in range(pings):
-                tik = time.perf_counter()
-                conn.sendall(b'p')
-                conn.recv(1)
-                rtts.append(time.perf_counter() - tik)
-            block, sent = b'\0' * (1 << 20), 0
-            tik = time.perf_counter()
-            while sent < nbytes:
-                chunk = block[:nbytes - sent]
-                conn.sendall(chunk)
-                sent += len(chunk)
-            conn.recv(1)  # the receiver has everything
-            seconds = time.perf_counter() - tik
-        rtt = sorted(rtts)[len(rtts) // 2]
-        result.update(rtt_s=rtt, latency_s=rtt / 2, bytes=nbytes, seconds=seconds,
-                      mbit_per_s=nbytes * 8 / seconds / 1e6)
-
-    server = in_netns(dst.name, serve)
+    server = in_netns(dst.name, _serve_path, dst, nbytes, pings, result, ready)
     server.start()
     ready.wait(30)
     if not errors:
-        client = in_netns(src.name, send)
+        client = in_netns(src.name, _send_path, dst, nbytes, pings, result)
         client.start()
         client.join(60)
     server.join(60)
@@ -490,11 +450,55 @@ def _measure_path(src, dst, nbytes, pings):
     return {k: result[k] for k in ('rtt_s', 'latency_s', 'mbit_per_s', 'bytes', 'seconds')}
 
 
+def _serve_path(dst, nbytes, pings, result, ready):
+    """_measure_path's receiving end: echo `pings` bytes, take in nbytes, acknowledge."""
+    with socket.create_server((dst.address, 0)) as server:
+        server.settimeout(30)
+        result['port'] = server.getsockname()[1]
+        ready.set()
+        conn, _ = server.accept()
+    with conn:
+        conn.settimeout(30)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(pings):
+            conn.sendall(conn.recv(1))
+        buf, got = bytearray(1 << 20), 0
+        while got < nbytes:
+            n = conn.recv_into(buf)
+            if not n:
+                raise ConnectionError('sender closed early')
+            got += n
+        conn.sendall(b'k')
+
+
+def _send_path(dst, nbytes, pings, result):
+    """_measure_path's sending end: time the pings' round trips, then the stream."""
+    with socket.create_connection((dst.address, result['port']), timeout=30) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rtts = []
+        for _ in range(pings):
+            tik = time.perf_counter()
+            conn.sendall(b'p')
+            conn.recv(1)
+            rtts.append(time.perf_counter() - tik)
+        block, sent = b'\0' * (1 << 20), 0
+        tik = time.perf_counter()
+        while sent < nbytes:
+            chunk = block[:nbytes - sent]
+            conn.sendall(chunk)
+            sent += len(chunk)
+        conn.recv(1)  # the receiver has everything
+        seconds = time.perf_counter() - tik
+    rtt = sorted(rtts)[len(rtts) // 2]
+    result.update(rtt_s=rtt, latency_s=rtt / 2, bytes=nbytes, seconds=seconds,
+                  mbit_per_s=nbytes * 8 / seconds / 1e6)
+
+
 def run_workers(cluster, fn, world_size, *args, timeout=120, ranks_per_host=1, on_progress=None,
-                start_method=None):
+                start_method=None, threads_per_rank=None):
     """launch.run_workers with rank r on host r // ranks_per_host: the ranks talk over the
     cluster's links (MASTER_ADDR is host 0's address, GLOO_SOCKET_IFNAME each rank's interface).
-    Same results, errors, timeout and clean-up as launch.run_workers."""
+    Same results, errors, timeout, threads per rank and clean-up as launch.run_workers."""
     helpers.check_int('world_size', world_size)
     helpers.check_int('ranks_per_host', ranks_per_host)
     cluster._check_open()
@@ -504,4 +508,5 @@ def run_workers(cluster, fn, world_size, *args, timeout=120, ranks_per_host=1, o
                          f'{hosts_needed} hosts; the cluster has {len(cluster.hosts)}')
     placement = [tuple(cluster.hosts[r // ranks_per_host]) for r in range(world_size)]
     return launch.run_workers(fn, world_size, *args, timeout=timeout, on_progress=on_progress,
-                               placement=placement, start_method=start_method)
+                              placement=placement, start_method=start_method,
+                              threads_per_rank=threads_per_rank)

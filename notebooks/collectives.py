@@ -67,6 +67,7 @@ def group_size(name, args):
     return dist.get_world_size()
 
 
+# ---- saved from 08_sharded_data_parallelism.ipynb by make export: edit the notebook
 class CollectiveCounter(TorchDispatchMode):
     """While active, counts the collectives this process calls and the bytes each sends
     (RING_BYTES). Every torch.distributed operation passes the dispatcher, so this sees
@@ -85,6 +86,7 @@ class CollectiveCounter(TorchDispatchMode):
             if name in RING_BYTES:
                 self.bytes += RING_BYTES[name](args, group_size(name, args))
         return func(*args, **(kwargs or {}))
+# ---- end of what 08_sharded_data_parallelism.ipynb saves
 
 
 def tcp_bytes_sent():

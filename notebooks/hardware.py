@@ -151,7 +151,7 @@ def cpu_info():
 
 
 # ------------------------------------------------------------- are they two cores?
-# ---- saved from 04_hardware.ipynb (make export writes this block; edit the notebook, not here)
+# ---- saved from 04_hardware.ipynb by make export: edit the notebook
 def _throughput(work, threads, seconds):
     """Calls of work() per second, summed over `threads` Python threads running it at once.
     Each thread asks for one intra-op thread itself: OpenMP's thread count is per thread, so

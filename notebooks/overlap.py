@@ -8,11 +8,13 @@ of the last layers' gradients runs while backward is still computing the first l
 `BucketedAllReduce` does the same with one hook per parameter, in the reverse order of
 `model.parameters()`, which is roughly that order.
 
-`overlap_worker` (the experiment) and `bucket_sweep` (exercise 4) are process entry points for
-launch.run_workers; they live here because spawned processes must import them. `plot_overlap`
-draws the experiment's bar chart.
+`buckets_by_bytes`, `all_reduce_after_backward`, `write_back` and `BucketedAllReduce` are
+written from notebook 06's `#@save overlap` cells (make export). `overlap_worker` (the
+experiment) and `bucket_sweep` (exercise 4) are process entry points for launch.run_workers,
+with their settings in OverlapConfig and SweepConfig; `plot_overlap` draws the bar chart.
 """
 import copy
+import dataclasses
 import functools
 import time
 
@@ -26,6 +28,7 @@ import launch
 from stats import compare, median
 
 
+# ---- saved from 06_multi_gpu_concise.ipynb by make export: edit the notebook
 def buckets_by_bytes(params, cap_bytes):
     """Split `params` into buckets of at most `cap_bytes` (a larger tensor gets its own), in
     reverse order: the last layers' gradients are ready first."""
@@ -38,6 +41,22 @@ def buckets_by_bytes(params, cap_bytes):
         buckets[-1].append(p)
         size += nbytes
     return buckets
+
+
+def all_reduce_after_backward(params):
+    """The plain way: one all-reduce of every gradient once backward has finished."""
+    params = [p for p in params if p.grad is not None]
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    write_back(params, flat / dist.get_world_size())
+
+
+def write_back(params, flat):
+    """Copy the flat tensor's slices back into the parameters' gradients."""
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
 
 
 class BucketedAllReduce:
@@ -79,46 +98,59 @@ class BucketedAllReduce:
                                f'{len(self.buckets)} buckets: every parameter must get one')
         for bucket, flat, work in self._inflight:
             work.wait()
-            _write_back(bucket, flat / dist.get_world_size())
+            write_back(bucket, flat / dist.get_world_size())
         self._inflight = []
+# ---- end of what 06_multi_gpu_concise.ipynb saves
 
 
-def all_reduce_after_backward(params):
-    """The plain way: one all-reduce of every gradient once backward has finished."""
-    params = [p for p in params if p.grad is not None]
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat)
-    _write_back(params, flat / dist.get_world_size())
-
-
-def _write_back(params, flat):
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-        offset += p.numel()
-
-
-OVERLAP_DEFAULTS = {'width': 64, 'batch': 2, 'bucket_mb': 4, 'repeats': 5, 'passes': 3,
-                    'seed': 0, 'timeout': 60, 'allreduce_numels': {}}
-SWEEP_DEFAULTS = {'width': 32, 'batch': 2, 'caps_mb': [0.1, 1, 4, 1024], 'repeats': 3,
-                  'passes': 3, 'seed': 0, 'timeout': 60}
+REPEATS, PASSES = 7, 5   # rounds (after one warm-up), and timings per variant in a round
 SMALL_MESSAGE_BYTES = 1024   # an all-reduce this small costs its fixed cost: latency, launch
 ALLREDUCE_REPEATS, SMALL_REPEATS = 5, 9   # all-reduces timed alone: a median of this many
 
 
-def check_config(config, defaults=None):
-    """The experiment's settings completed with OVERLAP_DEFAULTS (or `defaults`, e.g.
-    SWEEP_DEFAULTS); a ValueError names a bad one before any process starts."""
-    cfg = helpers.with_defaults(config, defaults or OVERLAP_DEFAULTS)
+@dataclasses.dataclass(frozen=True)
+class OverlapConfig:
+    """The overlap experiment's settings: ResNet-18 of `width`, `batch` examples per rank,
+    buckets of `bucket_mb` MiB, `repeats` rounds of `passes` timings, and one all-reduce
+    timed alone for each entry of `allreduce_numels` (name -> float32 count)."""
+    width: int = 64
+    batch: int = 2
+    bucket_mb: float = 4
+    repeats: int = REPEATS
+    passes: int = PASSES
+    seed: int = 0
+    timeout: int = 60            # seconds a collective waits before it gives up
+    allreduce_numels: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    """Exercise 4's settings: the overlap experiment's network and rounds, one bucketed
+    backward per cap in `caps_mb` (MiB), from a fraction of a layer to everything."""
+    width: int = 32
+    batch: int = 2
+    caps_mb: tuple = (0.05, 0.5, 4, 1024)
+    repeats: int = REPEATS
+    passes: int = PASSES
+    seed: int = 0
+    timeout: int = 60
+
+
+def check_config(config, kind=OverlapConfig):
+    """The settings as a `kind` (OverlapConfig or SweepConfig), from one or from a dict of its
+    fields; a ValueError names a bad one before any process starts."""
+    if isinstance(config, dict):
+        defaults = {f.name: getattr(kind(), f.name) for f in dataclasses.fields(kind)}
+        config = kind(**helpers.with_defaults(config, defaults))
     for name in ('width', 'batch', 'repeats', 'passes', 'timeout'):
-        helpers.check_int(name, cfg[name])
-    if 'bucket_mb' in cfg:
-        helpers.check_positive('bucket_mb', cfg['bucket_mb'])
-    for cap in cfg.get('caps_mb', ()):
+        helpers.check_int(name, getattr(config, name))
+    if hasattr(config, 'bucket_mb'):
+        helpers.check_positive('bucket_mb', config.bucket_mb)
+    for cap in getattr(config, 'caps_mb', ()):
         helpers.check_positive('each of caps_mb', cap)
-    for name, numel in cfg.get('allreduce_numels', {}).items():
+    for name, numel in getattr(config, 'allreduce_numels', {}).items():
         helpers.check_int(f'allreduce_numels[{name!r}]', numel)
-    return cfg
+    return config
 
 
 class _Rank:
@@ -126,13 +158,13 @@ class _Rank:
     a buffer the size of the gradient, and the timing of one way to finish a backward pass."""
 
     def __init__(self, cfg):
-        self.rank, self.world_size, self.device = launch.init_distributed(timeout=cfg['timeout'])
-        torch.manual_seed(cfg['seed'])
-        self.net = helpers.resnet18(10, width=cfg['width']).to(self.device)
+        self.rank, self.world_size, self.device = launch.init_distributed(timeout=cfg.timeout)
+        torch.manual_seed(cfg.seed)
+        self.net = helpers.resnet18(10, width=cfg.width).to(self.device)
         self.params = list(self.net.parameters())
-        g = torch.Generator().manual_seed(cfg['seed'] + 1 + self.rank)  # each its own examples
-        self.X = torch.randn(cfg['batch'], 1, 28, 28, generator=g).to(self.device)
-        self.y = torch.randint(0, 10, (cfg['batch'],), generator=g).to(self.device)
+        g = torch.Generator().manual_seed(cfg.seed + 1 + self.rank)  # each its own examples
+        self.X = torch.randn(cfg.batch, 1, 28, 28, generator=g).to(self.device)
+        self.y = torch.randint(0, 10, (cfg.batch,), generator=g).to(self.device)
         self.flat = torch.zeros(sum(p.numel() for p in self.params), device=self.device)
         self.loss = nn.CrossEntropyLoss()
 
@@ -150,7 +182,7 @@ class _Rank:
         if how == 'alone':
             dist.all_reduce(self.flat)
         elif how == 'copy':
-            _write_back(self.params, torch.cat([p.grad.reshape(-1) for p in self.params])
+            write_back(self.params, torch.cat([p.grad.reshape(-1) for p in self.params])
                         / self.world_size)
         elif how == 'bucketed':
             with bucketed:
@@ -186,17 +218,17 @@ def overlap_worker(rank, world_size, config):
     `allreduce_numels` (name -> float32 count)."""
     cfg = check_config(config)
     me = _Rank(cfg)
-    ddp = DistributedDataParallel(copy.deepcopy(me.net), bucket_cap_mb=cfg['bucket_mb'],
+    ddp = DistributedDataParallel(copy.deepcopy(me.net), bucket_cap_mb=cfg.bucket_mb,
                                   device_ids=[me.device.index] if me.device.type == 'cuda'
                                   else None)
-    bucketed = BucketedAllReduce(me.net.parameters(), cfg['bucket_mb'] * 2**20)
+    bucketed = BucketedAllReduce(me.net.parameters(), cfg.bucket_mb * 2**20)
     variants = {'backward_s': (me.net, 'backward'), 'copy_s': (me.net, 'copy'),
                 'allreduce_alone_s': (None, 'alone'), 'after_s': (me.net, 'after'),
                 'bucketed_s': (me.net, 'bucketed'), 'ddp_s': (ddp, 'backward')}
     times = {name: [] for name in variants}
-    for repeat in range(cfg['repeats'] + 1):   # the first round (one pass each) warms up
+    for repeat in range(cfg.repeats + 1):   # the first round (one pass each) warms up
         for name, (model, how) in variants.items():
-            seconds = me.round_seconds(cfg['passes'] if repeat else 1, model, how, bucketed)
+            seconds = me.round_seconds(cfg.passes if repeat else 1, model, how, bucketed)
             if repeat:
                 times[name].append(seconds)
             if name == 'after_s':
@@ -212,7 +244,7 @@ def overlap_worker(rank, world_size, config):
         bucketed_max_diff=(grads - after).abs().max().item(),
         ddp_max_diff=(me.gradients(ddp.module) - after).abs().max().item(),
         backend=dist.get_backend(), device=str(me.device), allreduce_s={})
-    for name, numel in cfg['allreduce_numels'].items():
+    for name, numel in cfg.allreduce_numels.items():
         x = torch.ones(numel, device=me.device)
         result['allreduce_s'][name] = all_reduce_seconds(x, me.device, ALLREDUCE_REPEATS)
     return result
@@ -230,12 +262,12 @@ def bucket_sweep(rank, world_size, config):
     'sequential_s' (backward alone + the all-reduce alone, round by round); and
     'small_allreduce_s', one all-reduce of SMALL_MESSAGE_BYTES alone: the fixed cost that
     every all-reduce pays, whatever its size."""
-    cfg = check_config(config, SWEEP_DEFAULTS)
+    cfg = check_config(config, SweepConfig)
     me = _Rank(cfg)
-    syncs = {cap: BucketedAllReduce(me.net.parameters(), cap * 2**20) for cap in cfg['caps_mb']}
+    syncs = {cap: BucketedAllReduce(me.net.parameters(), cap * 2**20) for cap in cfg.caps_mb}
     times = {name: [] for name in [*syncs, *SWEEP_REFERENCES]}
-    for repeat in range(cfg['repeats'] + 1):
-        passes = cfg['passes'] if repeat else 1   # the first round warms up
+    for repeat in range(cfg.repeats + 1):
+        passes = cfg.passes if repeat else 1   # the first round warms up
         for cap, sync in syncs.items():
             times[cap].append(me.round_seconds(passes, me.net, 'bucketed', sync))
         for name, how in SWEEP_REFERENCES.items():

@@ -8,6 +8,7 @@ on every machine, so that one code path runs everywhere. The functions ending in
 process entry points for launch.run_workers; they live here because spawned processes must
 import them. Everything else is called inside them or in the notebook.
 """
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -22,12 +23,12 @@ import stats
 
 
 # ----------------------------------------------------------------- key-value store
-def _check_key(key, known):
+def check_key(key, known):
     if key not in known:
         raise KeyError(f'unknown key {key!r}; known keys: {sorted(known)}')
 
 
-def _check_push(key, value, shape):
+def check_push(key, value, shape):
     if tuple(value.shape) != tuple(shape):
         raise ValueError(f'push to {key!r}: shape {tuple(value.shape)} does not match '
                          f'{tuple(shape)}')
@@ -53,19 +54,15 @@ class KVStore:
         self._pending[key] = []
 
     def push(self, key, value):
-        _check_key(key, self._values)
-        _check_push(key, value, self._values[key].shape)
+        check_key(key, self._values)
+        check_push(key, value, self._values[key].shape)
         self._pending[key].append(value.detach().clone())
 
     def pull(self, key):
-        _check_key(key, self._values)
+        check_key(key, self._values)
         pending = self._pending[key]
         if pending:
-            ordered = sorted(pending, key=lambda t: t.cpu().numpy().tobytes())
-            total = torch.zeros_like(ordered[0])
-            for v in ordered:
-                total += v
-            self._values[key] = self.updater(key, total, self._values[key])
+            self._values[key] = self.updater(key, canonical_sum(pending), self._values[key])
             self._pending[key] = []
         return self._values[key].clone()
 
@@ -107,18 +104,28 @@ def _model_and_data(config, worker):
     return params, shards[worker] if worker is not None else shards
 
 
-def _grads(params, X, y):
+def grads_of(params, X, y):
     p = {k: v.clone().requires_grad_() for k, v in params.items()}
     loss = torch.nn.functional.cross_entropy(X @ p['w'] + p['b'], y, reduction='sum')
     loss.backward()
     return {k: v.grad for k, v in p.items()}
 
 
+# ---- saved from 07_parameter_servers.ipynb by make export: edit the notebook
+def canonical_sum(values):
+    '''The sum of same-shaped tensors added in one canonical order, sorted by their bytes: the
+    same bits whatever order they came in. KVStore.pull adds a key's pending pushes with it.'''
+    total = torch.zeros_like(values[0])
+    for v in sorted(values, key=lambda t: t.cpu().numpy().tobytes()):
+        total += v
+    return total
+
+
 def shard_by_bytes(shapes, servers):
-    """Which server holds which elements: the keys (sorted) are laid end to end and that line
+    '''Which server holds which elements: the keys (sorted) are laid end to end and that line
     is cut into one equal part per server, so every server holds the same number of elements
     (within one), whatever the keys' sizes; a key may be split between servers.
-    Returns {key: [(server, start, stop), ...]} over each key's flattened elements."""
+    Returns {key: [(server, start, stop), ...]} over each key's flattened elements.'''
     servers = list(servers)
     if not servers:
         raise ValueError('servers must name at least one server rank')
@@ -135,10 +142,10 @@ def shard_by_bytes(shapes, servers):
 
 
 class RemoteKVStore:
-    """A worker's view of keys sharded over server ranks by bytes (`shard_by_bytes`):
+    '''A worker's view of keys sharded over server ranks by bytes (`shard_by_bytes`):
     push(key, value) sends each server its slice of the value, and the server sums the pushes
     from all workers; pull(key) receives the updated slices. Pushes and pulls are asynchronous
-    until wait()."""
+    until wait().'''
 
     def __init__(self, shapes, servers):
         self.shapes = {key: tuple(shape) for key, shape in shapes.items()}
@@ -147,19 +154,19 @@ class RemoteKVStore:
         self._requests = []
 
     def held_by(self, server):
-        """The (key, start, stop) slices `server` holds, in the order messages travel."""
+        '''The (key, start, stop) slices `server` holds, in the order messages travel.'''
         return sorted((key, a, b) for key, parts in self.slices.items()
                       for s, a, b in parts if s == server)
 
     def push(self, key, value):
-        _check_key(key, self.shapes)
-        _check_push(key, value, self.shapes[key])
+        check_key(key, self.shapes)
+        check_push(key, value, self.shapes[key])
         flat = value.detach().reshape(-1).contiguous()
         for server, a, b in self.slices[key]:
             self._requests.append((flat, dist.isend(flat[a:b], server)))
 
     def pull(self, key):
-        _check_key(key, self.shapes)
+        check_key(key, self.shapes)
         out = torch.empty(self.shapes[key])
         for server, a, b in self.slices[key]:
             self._requests.append((out, dist.irecv(out.view(-1)[a:b], server)))
@@ -171,46 +178,134 @@ class RemoteKVStore:
         self._requests = []
 
 
-def _serve(rank, shard, workers, cfg):
-    """A server's loop: per step, receive every worker's push for each of its slices, sum them
-    in worker order, take an SGD step, send the new values back. With cfg['bandwidth']
-    (bytes/s), the server's network link is emulated by waiting size/bandwidth per message (used
-    only where no emulated cluster is available: there, tc limits the real link instead).
-    With cfg['checkpoint_every'], the shard is saved after every that many steps, to
-    cfg['checkpoint_dir'] (storage that outlives the server); a run with cfg['start_step'] > 0
-    resumes from the checkpoint of that step and first sends workers the values it holds."""
+def serve(rank, shard, workers, cfg):
+    '''A server's loop over its shard {(key, start, stop): values}. Returns the seconds it
+    waited to emulate a link of cfg['bandwidth'] bytes/s. With cfg['checkpoint_every'] it saves
+    the shard every that many steps; with cfg['start_step'] > 0 it first loads that step's
+    checkpoint and sends it to the workers.'''
     busy, total_batch = 0.0, cfg['batch'] * cfg['workers']
     start, every = cfg['start_step'], cfg['checkpoint_every']
     if start:
         shard.update(torch.load(checkpoint_path(cfg['checkpoint_dir'], rank, start)))
-        _send_shard(shard, workers)
+        send_shard(shard, workers)
     for step in range(start, cfg['steps']):
         if step == cfg['fail_server_step']:
             raise RuntimeError(f'server rank {rank}: simulated failure at step {step}')
         for part in sorted(shard):
-            total = torch.zeros_like(shard[part])
-            buf = torch.empty_like(shard[part])
+            total, buf = torch.zeros_like(shard[part]), torch.empty_like(shard[part])
             for w in workers:
                 dist.recv(buf, w)
                 total += buf
-                busy += _link_delay(buf, cfg['bandwidth'])
+                busy += link_delay(buf, cfg['bandwidth'])
             shard[part] -= cfg['lr'] * total / total_batch
         if every and (step + 1) % every == 0:
-            _save(shard, checkpoint_path(cfg['checkpoint_dir'], rank, step + 1))
-        busy += _send_shard(shard, workers, cfg['bandwidth'])
+            save_atomically(shard, checkpoint_path(cfg['checkpoint_dir'], rank, step + 1))
+        busy += send_shard(shard, workers, cfg['bandwidth'])
     return busy
 
 
-def _send_shard(shard, workers, bandwidth=None):
+def push_pull(store, params, X, y, steps):
+    '''A worker's training over `steps` (step numbers into its batches X, y) through `store`.
+    Returns the parameters, each step's seconds and the part spent computing gradients.'''
+    step_times, compute_times = [], []
+    for step in steps:
+        tik = time.perf_counter()
+        grads = grads_of({k: params[k] for k in ('w', 'b')}, X[step], y[step])
+        grads.update({k: torch.zeros_like(v) for k, v in params.items() if k not in grads})
+        compute_times.append(time.perf_counter() - tik)  # padding keys above push zeros
+        for key in sorted(params):
+            store.push(key, grads[key])
+        params = {key: store.pull(key) for key in sorted(params)}
+        store.wait()
+        step_times.append(time.perf_counter() - tik)
+    return params, step_times, compute_times
+
+
+def sgd_server(mode, flat, cfg, loss, message):
+    '''sgd_worker's server: it sends a worker the weights `flat` and the id of its next batch
+    in `message` (-1: stop) and receives the gradient. 'sync' steps once per round of every
+    worker's gradient; 'async' steps on each gradient as it arrives and hands that worker its
+    next batch at once. Returns the loss() curve [(seconds, loss)], the updates and each
+    gradient's staleness: the updates applied since its worker got the weights.'''
+    workers, size, batches = cfg['workers'], flat.numel(), cfg['workers'] * cfg['steps']
+    updates, version, staleness = 0, {}, []  # version: updates applied when a worker got weights
+
+    def hand_out(worker, k):
+        message[:size], message[size] = flat, k if k < batches else -1
+        version[worker] = updates
+        dist.send(message, worker)
+
+    grad, tik = torch.empty(size), time.perf_counter()
+    curve = [(0.0, loss())]
+    for w in range(workers):
+        hand_out(1 + w, w)
+    if mode == 'sync':
+        for step in range(cfg['steps']):
+            total = torch.zeros(size)
+            for w in range(workers):
+                dist.recv(grad, 1 + w)
+                total += grad
+                staleness.append(updates - version[1 + w])
+            flat -= cfg['lr'] * total / (workers * cfg['batch'])
+            updates += 1
+            curve.append((time.perf_counter() - tik, loss()))
+            for w in range(workers):
+                hand_out(1 + w, (step + 1) * workers + w)
+    else:
+        for k in range(workers, batches + workers):
+            source = dist.recv(grad)  # from whichever worker finishes first
+            staleness.append(updates - version[source])
+            flat -= cfg['lr'] / workers * grad / cfg['batch']
+            updates += 1
+            if updates % workers == 0:
+                curve.append((time.perf_counter() - tik, loss()))
+            hand_out(source, k)
+    return curve, updates, staleness
+
+
+def reduce_at_server(senders, like):
+    '''The server's side: add what `senders` push, send each the sum; returns bytes received.'''
+    total, buf = torch.zeros_like(like), torch.empty_like(like)
+    for r in senders:
+        dist.recv(buf, r)
+        total += buf
+    for r in senders:
+        dist.send(total, r)
+    return len(senders) * buf.numel() * buf.element_size()
+
+
+def hierarchical_reduction(rank, workers, per, mine):
+    '''A machine's `per` workers add up on its leader, only leaders push to the server (rank
+    `workers`), and leaders hand the sum back.'''
+    if rank == workers:
+        return reduce_at_server(range(0, workers, per), mine)
+    out, leader = mine.clone(), rank - rank % per
+    if rank != leader:
+        dist.send(out, leader)
+        dist.recv(out, leader)
+        return out
+    buf = torch.empty_like(out)
+    for r in range(leader + 1, leader + per):  # add up this machine's gradients
+        dist.recv(buf, r)
+        out += buf
+    dist.send(out, workers)
+    dist.recv(out, workers)
+    for r in range(leader + 1, leader + per):  # and hand the result back
+        dist.send(out, r)
+    return out
+# ---- end of what 07_parameter_servers.ipynb saves
+
+
+def send_shard(shard, workers, bandwidth=None):
     busy = 0.0
     for part in sorted(shard):
         for w in workers:
-            busy += _link_delay(shard[part], bandwidth)
+            busy += link_delay(shard[part], bandwidth)
             dist.send(shard[part], w)
     return busy
 
 
-def _link_delay(tensor, bandwidth):
+def link_delay(tensor, bandwidth):
     if not bandwidth:
         return 0.0
     seconds = tensor.numel() * tensor.element_size() / bandwidth
@@ -224,7 +319,7 @@ def checkpoint_path(directory, server, step):
     return Path(directory) / f'server{server}-step{step}.pt'
 
 
-def _save(shard, path):
+def save_atomically(shard, path):
     """Write the shard so that a reader never sees half of it: to a temporary name, then
     renamed (a server that dies while saving leaves the previous checkpoint intact)."""
     tmp = path.with_suffix('.tmp')
@@ -253,7 +348,7 @@ def ps_train_worker(rank, world_size, config):
     gradients and pull parameters through RemoteKVStore; returns each worker's final
     parameters, step times and the part of each step spent computing gradients, and each
     server's slices, their bytes and its emulated link time. With start_step > 0 the run
-    resumes from the servers' checkpoints of that step (see _serve): the workers pull the
+    resumes from the servers' checkpoints of that step (see serve): the workers pull the
     parameters first and go on from that place in their data."""
     cfg = helpers.with_defaults(config, PS_DEFAULTS)
     used = cfg['workers'] + cfg['servers']
@@ -272,25 +367,16 @@ def ps_train_worker(rank, world_size, config):
     if rank in servers:
         shard = {(key, a, b): params[key].reshape(-1)[a:b].clone()
                  for key, a, b in store.held_by(rank)}
-        busy = _serve(rank, shard, workers, cfg)
+        busy = serve(rank, shard, workers, cfg)
         result = {'emulated_link_s': busy, 'slices': sorted(shard),
                   'bytes': sum(t.numel() * t.element_size() for t in shard.values())}
     elif rank in workers:
         X, y = data
-        step_times, compute_times = [], []
         if cfg['start_step']:  # resuming: the servers hold the parameters
             params = {key: store.pull(key) for key in sorted(params)}
             store.wait()
-        for step in range(cfg['start_step'], cfg['steps']):
-            tik = time.perf_counter()
-            grads = _grads({k: params[k] for k in ('w', 'b')}, X[step], y[step])
-            grads.update({k: torch.zeros_like(v) for k, v in params.items() if k not in grads})
-            compute_times.append(time.perf_counter() - tik)
-            for key in sorted(params):
-                store.push(key, grads[key])
-            params = {key: store.pull(key) for key in sorted(params)}
-            store.wait()
-            step_times.append(time.perf_counter() - tik)
+        params, step_times, compute_times = push_pull(store, params, X, y,
+                                                      range(cfg['start_step'], cfg['steps']))
         result = {'w': params['w'], 'b': params['b'], 'step_times': step_times,
                   'compute_times': compute_times}
     dist.barrier()
@@ -303,7 +389,7 @@ def allreduce_train_worker(rank, world_size, config):
     _joined()
     params, (X, y) = _model_and_data(cfg, rank)
     for step in range(cfg['steps']):
-        grads = _grads(params, X[step], y[step])
+        grads = grads_of(params, X[step], y[step])
         for key in sorted(grads):
             dist.all_reduce(grads[key])
             params[key] = params[key] - cfg['lr'] * grads[key] / (cfg['batch'] * world_size)
@@ -341,7 +427,7 @@ class Problem:
 
     def grad(self, flat, X, y):
         """The gradient of the loss summed over the batch (X, y), at the weights `flat`."""
-        return _flat(_grads(_unflat(flat, self.features), X, y))
+        return _flat(grads_of(_unflat(flat, self.features), X, y))
 
 
 def sgd_problem(config=None):
@@ -376,20 +462,23 @@ def sgd_worker(rank, world_size, config):
     _joined()
     params, shards = _model_and_data(cfg, None)
     workers, features = cfg['workers'], cfg['features']
-    batches = workers * cfg['steps']  # batch id k: shard k % workers, its step k // workers
-    size = _flat(params).numel()
+    size = _flat(params).numel()  # batch id k: shard k % workers, its step k // workers
     message = torch.empty(size + 1)  # parameters, then the id of the batch to compute (-1: stop)
-    results = {}
+    results, problem = {}, sgd_problem(cfg)
     for mode in cfg['modes']:
         if rank == 0:
-            results[mode] = _sgd_server(mode, _flat(params), shards, cfg, batches, message)
+            flat, tik = _flat(params), time.perf_counter()
+            loss = functools.partial(problem.loss, flat)  # the loss at flat as the server steps
+            curve, updates, staleness = sgd_server(mode, flat, cfg, loss, message)
+            results[mode] = _sgd_summary(curve, updates, staleness, time.perf_counter() - tik,
+                                         cfg['steps'])
         else:
             done = 0
             dist.recv(message, 0)
             while message[size] >= 0:
                 k = int(message[size])
                 X, y = shards[k % workers][0][k // workers], shards[k % workers][1][k // workers]
-                grad = _flat(_grads(_unflat(message[:size], features), X, y))
+                grad = _flat(grads_of(_unflat(message[:size], features), X, y))
                 if rank == workers:
                     time.sleep(cfg['straggler_s'])
                 dist.send(grad, 0)
@@ -402,48 +491,9 @@ def sgd_worker(rank, world_size, config):
     return results
 
 
-def _sgd_server(mode, flat, shards, cfg, batches, message):
-    workers, size = cfg['workers'], flat.numel()
-    X = torch.cat([x.reshape(-1, cfg['features']) for x, _ in shards])
-    y = torch.cat([labels.reshape(-1) for _, labels in shards])
-    updates, version, staleness = 0, {}, []  # version: updates applied when a worker got weights
-
-    def loss():
-        p = _unflat(flat, cfg['features'])
-        return torch.nn.functional.cross_entropy(X @ p['w'] + p['b'], y).item()
-
-    def hand_out(worker, k):
-        message[:size], message[size] = flat, k if k < batches else -1
-        version[worker] = updates
-        dist.send(message, worker)
-
-    grad, tik = torch.empty(size), time.perf_counter()
-    curve = [(0.0, loss())]
-    for w in range(workers):
-        hand_out(1 + w, w)
-    if mode == 'sync':
-        for step in range(cfg['steps']):
-            total = torch.zeros(size)
-            for w in range(workers):
-                dist.recv(grad, 1 + w)
-                total += grad
-                staleness.append(updates - version[1 + w])
-            flat -= cfg['lr'] * total / (workers * cfg['batch'])
-            updates += 1
-            curve.append((time.perf_counter() - tik, loss()))
-            for w in range(workers):
-                hand_out(1 + w, (step + 1) * workers + w)
-    else:
-        for k in range(workers, batches + workers):
-            source = dist.recv(grad)  # from whichever worker finishes first
-            staleness.append(updates - version[source])
-            flat -= cfg['lr'] / workers * grad / cfg['batch']
-            updates += 1
-            if updates % workers == 0:
-                curve.append((time.perf_counter() - tik, loss()))
-            hand_out(source, k)
-    seconds = time.perf_counter() - tik
-    return {'seconds': seconds, 's_per_step': seconds / cfg['steps'], 'loss_curve': curve,
+def _sgd_summary(curve, updates, staleness, seconds, steps):
+    """What sgd_worker's server returns of one run of sgd_server."""
+    return {'seconds': seconds, 's_per_step': seconds / steps, 'loss_curve': curve,
             'final_loss': curve[-1][1], 'updates': updates,
             'mean_staleness': sum(staleness) / len(staleness), 'max_staleness': max(staleness),
             'staleness_counts': {k: staleness.count(k) for k in sorted(set(staleness))}}
@@ -480,61 +530,32 @@ def hierarchical_worker(rank, world_size, config):
         raise ValueError(f'world_size {world_size} != machines {cfg["machines"]} x '
                          f'per_machine {cfg["per_machine"]} + 1 server')
     _joined()
-    server, per = workers, cfg['per_machine']
-    leaders = list(range(0, workers, per))
-
-    def gradient(r):
-        return torch.randn(cfg['numel'], generator=torch.Generator().manual_seed(cfg['seed'] + r))
-    mine = gradient(rank)
-
-    def reduce_at_server(senders, buf):
-        total = torch.zeros(cfg['numel'])
-        for r in senders:
-            dist.recv(buf, r)
-            total += buf
-        for r in senders:
-            dist.send(total, r)
-        return len(senders) * buf.numel() * buf.element_size()
-
-    def flat():
-        if rank == server:
-            return reduce_at_server(range(workers), torch.empty(cfg['numel']))
-        out = mine.clone()
-        dist.send(out, server)
-        dist.recv(out, server)
-        return out
-
-    def hierarchical():
-        if rank == server:
-            return reduce_at_server(leaders, torch.empty(cfg['numel']))
-        out, leader = mine.clone(), rank - rank % per
-        if rank == leader:
-            buf = torch.empty_like(out)
-            for r in range(leader + 1, leader + per):  # add up this machine's gradients
-                dist.recv(buf, r)
-                out += buf
-            dist.send(out, server)
-            dist.recv(out, server)
-            for r in range(leader + 1, leader + per):  # and hand the result back
-                dist.send(out, r)
-        else:
-            dist.send(out, leader)
-            dist.recv(out, leader)
-        return out
-
-    outcome, seconds = {}, {}
-    for name, reduce in (('flat', flat), ('hierarchical', hierarchical)):
+    gradient = lambda r: torch.randn(cfg['numel'],
+                                     generator=torch.Generator().manual_seed(cfg['seed'] + r))
+    ways = {'flat': flat_reduction, 'hierarchical': hierarchical_reduction}
+    mine, outcome, seconds = gradient(rank), {}, {}
+    for name, reduce in ways.items():
         samples = []
         for _ in range(cfg['repeats'] + 1):
             dist.barrier()
             tik = time.perf_counter()
-            outcome[name] = reduce()
+            outcome[name] = reduce(rank, workers, cfg['per_machine'], mine)
             dist.barrier()
             samples.append(time.perf_counter() - tik)
         seconds[name] = samples[1:]  # the first warms up
-    if rank == server:
+    if rank == workers:
         return {'server_bytes_received': outcome, 'samples': seconds,
                 'seconds': {name: stats.median(v) for name, v in seconds.items()}}
     exact = sum(gradient(r).double() for r in range(workers))
     return {'max_diff': (outcome['flat'] - outcome['hierarchical']).abs().max().item(),
             'flat_vs_exact': (outcome['flat'].double() - exact).abs().max().item()}
+
+
+def flat_reduction(rank, workers, per, mine):
+    """Every worker pushes to the server (rank `workers`) and pulls the sum back."""
+    if rank == workers:
+        return reduce_at_server(range(workers), mine)
+    out = mine.clone()
+    dist.send(out, workers)
+    dist.recv(out, workers)
+    return out

@@ -1,13 +1,12 @@
-"""Notebook 05's module: LeNet cut into a two-stage pipeline that runs in two worker processes,
-the time two processes take to all-reduce a gradient (the lecture's t2), and the plumbing the
-notebook's cells call (precision settings, parameter distances, the pipeline's idle time, plots).
+"""Notebook 05's pipeline: LeNet cut into two stages that run in two worker processes, and the
+time two processes take to all-reduce a gradient (the lecture's t2); also the small helpers the
+notebook's cells call (precision settings, parameter distances, the pipeline's idle time).
 
-The notebook starts the workers with `launch.run_workers(pipeline.worker, 2, ...)`. Spawned
-processes import the function they run, so it lives in this module, not in the notebook.
-run_workers gives each process its share of the cores (one each on a 2-core machine), so the two
-stages really compute at the same time, and they exchange activations and gradients through
-gloo, as two devices would through their link. The lesson code (`pipeline_step`) is shown in
-the notebook with inspect.getsource.
+The taught code (`stage0`, `stage1`, `pipeline_step`) stands in the notebook's `#@save pipeline`
+cells and is copied here by `make export`: spawned worker processes import the function they
+run, so the code a learner reads is the code the workers run. Notebook 09 imports it too.
+The notebook starts the workers with `launch.run_workers(pipeline.worker, 2, ...)`; each gets its
+share of the cores, and they exchange activations and gradients through gloo.
 """
 import contextlib
 import math
@@ -26,6 +25,7 @@ ALLREDUCE_WARMUP = 5  # untimed all-reduces of each size first
 WARMUP_ROUNDS = 3  # untimed steps at every m, before any step is timed
 
 
+# ---- saved from 05_multi_gpu_from_scratch.ipynb by make export: edit the notebook
 def stage0(X, params):
     """LeNet's first block: convolution, ReLU, pooling."""
     W1, b1 = params
@@ -81,6 +81,7 @@ def pipeline_step(rank, params, X, y, m, activation_shape):
     for handle in handles:
         handle.wait()
     return events, sent
+# ---- end of what 05_multi_gpu_from_scratch.ipynb saves
 
 
 def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels, repeats):
@@ -159,37 +160,14 @@ def max_difference(a, b):
                 for x, y in zip(a, b)), default=0.0)
 
 
-def cache_steps_04(device, *results_dirs):
-    """The cache steps notebook 04 measured on this machine's CPU ([{'before', 'after', 'level',
-    ...}], working sets in bytes where a read got dearer), from the first 04_hardware.json in
-    `results_dirs` that was recorded on this CPU. None where they do not apply or are not known:
-    `device` is not the CPU (they are the CPU's caches), or 04 has not run on this machine."""
-    import json
-    import os
-    from pathlib import Path
-
-    import helpers
-    if torch.device(device).type != 'cpu':
-        return None
-    for directory in results_dirs:
-        try:
-            payload = json.loads((Path(directory) / '04_hardware.json').read_text())
-            env, steps = payload['environment'], payload['results']['cache_steps']
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if (env.get('cpu'), env.get('cpu_count')) == (helpers.cpu_model(), os.cpu_count()):
-            return steps
-    return None
-
-
 def first_turn(per_example):
     """(cheapest b, turn b) of a sweep of batch sizes. per_example: {b: [seconds per example,
-    one per repeat]}. The cheapest b is the one with the lowest median among all but the
-    largest b; the turn is the first larger b that was dearer per example than the cheapest by
-    the noise rule (stats.compare), or None when none was."""
+    one per repeat]}. The cheapest b has the lowest median of all; the turn is the first
+    larger b that was dearer per example than the cheapest by the noise rule (stats.compare),
+    or None when none was (always None when the largest b is the cheapest)."""
     import stats
     bs = sorted(per_example)
-    cheapest = min(bs[:-1] or bs, key=lambda b: stats.median(per_example[b]))
+    cheapest = min(bs, key=lambda b: stats.median(per_example[b]))
     dearer = (b for b in bs if b > cheapest and stats.compare(
         per_example[b], per_example[cheapest], 'b', 'cheapest').a_is_better is False)
     return cheapest, next(dearer, None)
@@ -217,106 +195,3 @@ def quickest_step(workers, m):
     steps = [[w['events'][m][s] for w in workers] for s in range(len(workers[0]['events'][m]))]
     quickest = min(steps, key=span)
     return idle_share(quickest) + (quickest,)
-
-
-def _legend_below(fig, ax, ncol=3):
-    """The axes' legend under the figure, where it covers no line."""
-    fig.legend(*ax.get_legend_handles_labels(), loc='upper center', ncol=ncol, fontsize=7,
-               bbox_to_anchor=(0.5, 0.02), frameon=False)
-
-
-def plot_scaling(ks, seconds, accuracies, emulated, batch_size, epochs=None):
-    """Seconds per epoch and test accuracy (after the last of `epochs` epochs) against k; the
-    reference line is the ideal 1/k on real devices, and k=1's time where replicas share one
-    device and take turns."""
-    import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(7, 2.6))
-    ax1.plot(ks, [seconds[k] for k in ks], 'o-', label='measured', zorder=3)
-    ideal = [seconds[ks[0]] * ks[0] / k for k in ks]
-    reference = [seconds[ks[0]]] * len(ks) if emulated else ideal
-    label = f'k={ks[0]}\'s time (replicas take turns)' if emulated else 'ideal (1/k)'
-    ax1.plot(ks, reference, '--', color='gray', label=label)
-    top = 1.2 * max(max(seconds.values()), max(reference))  # room above both lines
-    ax1.set(xlabel='devices k', ylabel='seconds per epoch', xticks=ks, ylim=(0, top))
-    ax2.plot(ks, [accuracies[k] for k in ks], 'o-')
-    ax2.set(xlabel='devices k', ylabel='test accuracy' + (f', epoch {epochs}' if epochs else ''),
-            xticks=ks, ylim=(0, 1))
-    fig.suptitle(f'LeNet, batch {batch_size}, ' + ('emulated replicas' if emulated else 'GPUs'))
-    fig.tight_layout()
-    _legend_below(fig, ax1)
-    return fig
-
-
-def plot_pipeline(timeline, idle, bubble, unequal):
-    """The least idle step at the fewest and the most micro-batches, drawn per stage as forward
-    (blue) and backward (orange) intervals, and the idle share against m beside both models."""
-    import matplotlib.pyplot as plt
-    ms = list(idle)
-    fig, axes = plt.subplots(1, 3, figsize=(10, 2.6), gridspec_kw={'width_ratios': [1, 1, 1.1]})
-    for ax, m in zip(axes, (ms[0], ms[-1])):
-        t0 = min(e[0] for ev in timeline[m] for e in ev)
-        for r, ev in enumerate(timeline[m]):
-            for kind, color, name in (('F', 'tab:blue', 'forward'),
-                                      ('B', 'tab:orange', 'backward')):
-                ax.broken_barh([((e[0] - t0) * 1e3, (e[1] - e[0]) * 1e3) for e in ev
-                                if e[2] == kind], (r - 0.35, 0.7), color=color,
-                               label=name if r == 0 else None)
-        ax.set(yticks=[0, 1], yticklabels=['stage 0', 'stage 1'], xlabel='ms',
-               title=f'm={m}: idle {idle[m]:.0%}')
-        ax.invert_yaxis()
-    axes[2].plot(ms, [idle[m] for m in ms], 'o-', label='measured idle share')
-    axes[2].plot(ms, [bubble[m] for m in ms], 'k--', label='(p-1)/(m+p-1)')
-    axes[2].plot(ms, [unequal[m] for m in ms], 'g:', label='model with unequal stages')
-    axes[2].set_xscale('log', base=2)
-    axes[2].set(xlabel='micro-batches m', ylabel='idle share', xticks=ms, xticklabels=ms,
-                ylim=(0, 1))
-    axes[2].minorticks_off()
-    fig.tight_layout()
-    handles = [h for ax in (axes[0], axes[2]) for h in ax.get_legend_handles_labels()[0]]
-    labels = [t for ax in (axes[0], axes[2]) for t in ax.get_legend_handles_labels()[1]]
-    fig.legend(handles, labels, loc='upper center', ncol=5, fontsize=7,
-               bbox_to_anchor=(0.5, 0.02), frameon=False)
-    return fig
-
-
-def plot_sync_step(t1, t2, t2_by_bytes, latency, bandwidth, gradient_bytes):
-    """Left: t1(b), t2 and the overlapped step max(t1, t2) against the per-device batch.
-    Right: the all-reduce's time against its size, with latency + bytes / bandwidth."""
-    import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 2.8))
-    bs = list(t1)
-    ax1.plot(bs, [t1[b] for b in bs], 'o-', label='t1(b): compute')
-    ax1.axhline(t2, color='r', ls='--', label=f't2: all-reduce of {gradient_bytes / 1e6:.1f} MB')
-    ax1.plot(bs, [max(t1[b], t2) for b in bs], 'k:', label='step, overlapped: max(t1, t2)')
-    ax1.set(xscale='log', yscale='log', xlabel='per-device batch b', ylabel='seconds')
-    sizes = list(t2_by_bytes)
-    ax2.plot(sizes, list(t2_by_bytes.values()), 'o', label='all-reduce, measured')
-    line = [sizes[0] * (sizes[-1] / sizes[0]) ** (i / 49) for i in range(50)]
-    ax2.plot(line, [latency + (s - sizes[0]) / bandwidth for s in line], 'k--',
-             label='latency + bytes / bandwidth')
-    ax2.axvline(gradient_bytes, color='gray', lw=0.8, ls=':', label='LeNet\'s gradient')
-    ax2.set(xscale='log', yscale='log', xlabel='bytes all-reduced', ylabel='t2 (s)')
-    fig.tight_layout()
-    handles = [h for ax in (ax1, ax2) for h in ax.get_legend_handles_labels()[0]]
-    labels = [t for ax in (ax1, ax2) for t in ax.get_legend_handles_labels()[1]]
-    fig.legend(handles, labels, loc='upper center', ncol=3, fontsize=7,
-               bbox_to_anchor=(0.5, 0.02), frameon=False)
-    return fig
-
-
-def plot_larger_batch(accuracy, steps, examples, lr):
-    """Test accuracy after one epoch (the same examples) at each global batch, each point
-    labelled with the number of steps it took."""
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(3.8, 2.6))
-    batches = list(accuracy)
-    ax.plot(batches, [accuracy[B] for B in batches], 'o-')
-    for B in batches:
-        ax.annotate(f'{steps[B]} steps', (B, accuracy[B]), fontsize=7,
-                    textcoords='offset points', xytext=(4, 4))
-    ax.set_xscale('log', base=2)
-    ax.set(xlabel='global batch', ylabel='test accuracy', ylim=(0, 1), xticks=batches,
-           xticklabels=batches, title=f'after 1 epoch ({examples:,} examples), lr {lr:g}')
-    ax.minorticks_off()
-    ax.margins(x=0.2)
-    return fig

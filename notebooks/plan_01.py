@@ -1,70 +1,77 @@
-"""Notebook 01: its parameters checked, and its work sized for the machine that runs it."""
+"""Notebook 01: its parameters, declared once, and its work sized for the machine that runs it.
 
+The notebook's Markdown says why each size is what it is; the plan returns the numbers."""
 
 import helpers
+import parameters
+import report
 from hardware import on_device, probe
+from parameters import Param
 from sizing import Plan, Setup, budget, largest_fitting
+
+MIN_TORCH = ('2.9', 'the oldest torch make compat found this notebook passing on; 2.4 fails')
+PARAMETERS = (
+    Param('device', None, "'cpu', 'cuda', 'cuda:1', ...; None: the first GPU if any, else the CPU",
+          kind='device', optional=True),
+    Param('mlp_batch_sizes', None, 'MLP batch sizes to benchmark (a list); None: [1, 256]',
+          kind='list', optional=True),
+    Param('chain_numel', None, 'elements in the elementwise chain; None: chosen for this machine',
+          optional=True),
+    Param('chain_length', 16, 'relu(0.9 x + 0.1) steps in that chain (three operators each)'),
+    Param('repeats', 7, 'timing repeats per measurement; the median is reported'),
+    Param('results_dir', None, 'None: build/results (JSON)', kind='str',
+          optional=True),
+)
 
 # ------------------------------------------------------------------------- notebooks 01 to 03
 LAUNCH_S = 10e-6                # issuing one operator from Python to a GPU (t1), about
 HOST_COPY_BYTES_S = 5e9         # a slow host's single-core memory copy, bytes per second
 GPU_BYTES_S = 250e9             # a T4-class GPU's memory bandwidth (faster GPUs: more)
+CHAIN_BYTES_S = 20e9            # a 2-core host's elementwise passes, bytes per second
+
+# Inductor compiles 18 times (the first pays inductor's setup; exercise 1's sweep compiles 9
+# chains), and the exports, the scripted models and the kernel's start take a fixed time:
+# seconds (first compile, each later one, fixed) with cold caches, set from runs: the H200's
+# 47-51 s in all; on 2 busy cores a first compile of 64 s and later ones of 2.6-5.6 s, with
+# other programs taking 83% of the CPU, which is about 11 s and 0.5-1 s idle.
+COMPILES = 18
+COMPILE_S = {'cpu': (12.0, 1.2, 8.0), 'cuda': (12.0, 1.5, 8.0)}
 
 
 def plan_for(machine, chain_length=16, repeats=7):
-    """Notebook 01: the MLP batch sizes and the size of the elementwise chain.
-
-    The notebook's time goes mostly to inductor's compilations (about seventeen; on a 2-core CPU
-    the first about 10 s from scratch, each later one 1-2 s from scratch and under 0.1 s from a
-    warm cache; Triton's on a GPU take longer), which no size changes: the estimate charges
-    them together as one first compile and six later ones, about their cost from scratch.
-    The chain is the one sized workload: its eager run moves 3 x chain_length x 2 passes over
-    the tensor, timed `repeats` times in three modes, at the exercise's lengths too.
-    On a GPU it is 2**26 elements (256 MB), large enough that launches do not hide fusion;
-    on a CPU 2**22 (16 MB), a few milliseconds a pass."""
-    first_compile_s, compile_s = (30.0, 15.0) if machine.on_gpu else (12.0, 3.0)  # cold caches
-    bandwidth = GPU_BYTES_S if machine.on_gpu else HOST_COPY_BYTES_S
+    """Notebook 01's sizes for `machine`: the MLP's batch sizes and the elements of the chain,
+    the largest that fits 80% of the budget (its eager run moves 3 x chain_length x 2 passes
+    over the tensor, timed `repeats` times in three modes, at the exercise's lengths too)."""
+    first_s, later_s, fixed_s = COMPILE_S[machine.kind]
+    bandwidth = GPU_BYTES_S if machine.on_gpu else CHAIN_BYTES_S
 
     def seconds(numel):
         eager_call = 3 * chain_length * 2 * 4 * numel / bandwidth
         timed = 3 * (2 + repeats) * 2 * eager_call          # three modes; measure() doubles up
         exercise = 3 * (2 + repeats) * 2 * 6 * 2 * 4 * min(numel, 2**20) / bandwidth
-        return first_compile_s + 6 * compile_s + timed + exercise
+        return first_s + (COMPILES - 1) * later_s + fixed_s + timed + exercise
 
     candidates = [2**26, 2**24, 2**22] if machine.on_gpu else [2**22, 2**20, 2**18]
     numel = largest_fitting(candidates, seconds, 0.8 * budget('01', machine),
                             lambda n: 4 * 4 * n, 0.25 * machine.memory)
-    why = (f'The elementwise chain gets {numel:,} elements ({4 * numel / 2**20:.0f} MiB): '
-           + ('large enough that kernel launches do not hide what fusion saves.'
-              if machine.on_gpu else
-              'a few milliseconds a pass on a CPU; chain_numel=67108864 is the GPU size.')
-           + ' The MLP is timed at the book\'s batch 1 and at batch 256.')
+    host_bytes = 0 if machine.on_gpu else 4 * 4 * numel
     return Plan({'mlp_batch_sizes': [1, 256], 'chain_numel': numel}, seconds(numel),
-                device_bytes=4 * 4 * numel, host_bytes=4 * 4 * numel if not machine.on_gpu
-                else 0, why=why)
+                device_bytes=4 * 4 * numel, host_bytes=host_bytes)
 
 
-def setup(device=None, mlp_batch_sizes=None, chain_numel=None, chain_length=16, repeats=7):
-    """Notebook 01's setup: every parameter checked (a ValueError naming it), then the device
-    and the sizes chosen for this machine (plan_01)."""
-    dev = helpers.check_device('device', device)
-    if mlp_batch_sizes is not None:
-        mlp_batch_sizes = sorted(set(helpers.check_list('mlp_batch_sizes', mlp_batch_sizes,
-                                                        helpers.check_int)))
-        if not mlp_batch_sizes:
-            raise ValueError('mlp_batch_sizes is empty: give at least one batch size, e.g. '
-                             '[1, 256]')
-    helpers.check_int('chain_numel', chain_numel, allow_none=True)
-    helpers.check_int('chain_length', chain_length)
-    helpers.check_int('repeats', repeats)
+def setup(**given):
+    """Notebook 01's setup: every parameter checked (a ValueError naming it) before any work,
+    then the device and the sizes planned for this machine."""
+    parameters.check_torch(*MIN_TORCH)
+    v = parameters.check(PARAMETERS, given)
+    dev = helpers.check_device('device', v['device'])
     machine = on_device(probe(), dev)
-    plan = plan_for(machine, chain_length, repeats)
+    plan = plan_for(machine, v['chain_length'], v['repeats'])
     env = helpers.environment(dev)
-    sized = mlp_batch_sizes is None or chain_numel is None
-    why = [f'Device: {dev} ({env["device"]}); torch {env["torch"]}; '
-           f'{env["num_threads"]} CPU threads.',
-           f'Measured: {machine}.',
-           str(plan) if sized else 'Every size was given as a parameter.']
-    return Setup(why, device=dev, env=env, machine=machine, chain_length=chain_length,
-                 repeats=repeats, mlp_batch_sizes=mlp_batch_sizes or plan['mlp_batch_sizes'],
-                 chain_numel=chain_numel or plan['chain_numel'])
+    sizes = {'mlp_batch_sizes': sorted(set(v['mlp_batch_sizes'] or plan['mlp_batch_sizes'])),
+             'chain_numel': v['chain_numel'] or plan['chain_numel']}
+    chosen = {'device': f'{dev} ({env["device"]})', 'torch': env['torch'],
+              'CPU threads': env['num_threads'], **sizes, 'estimate': plan.seconds}
+    why = [f'Measured: {machine}.', report.markdown_table([chosen], units={'estimate': 's'})]
+    return Setup(why, **{**v, **sizes, 'device': dev}, env=env, machine=machine, plan=plan,
+                 name='01_compilers_and_interpreters')

@@ -1,53 +1,90 @@
-"""Notebook 02: its parameters checked, and its work sized for the machine that runs it."""
+"""Notebook 02: its parameters, declared once, and its work sized for the machine that runs it.
+
+The notebook's Markdown says why each size is what it is; the plan returns the numbers."""
+import math
 import warnings
 from pathlib import Path
 
 import torch
 
 import helpers
+import parameters
+import report
 from hardware import on_device, probe
+from parameters import Param
 from plan_01 import GPU_BYTES_S, HOST_COPY_BYTES_S, LAUNCH_S
 from sizing import Plan, Setup
 
+MIN_TORCH = ('2.9', 'the oldest torch make compat found this notebook passing on; 2.4 fails')
+MECHANISMS_02_03 = ('auto', 'threads')  # how notebooks 02 and 03 run work on two threads
+PARAMETERS = (
+    Param('device', None, "'cpu', 'cuda', ...; None: the first GPU if any, else the CPU",
+          kind='device', optional=True),
+    Param('matrix_size', None, "n of PyTorch's n x n products; None: 1000 on a CPU, sized on a GPU",
+          optional=True),
+    Param('num_matmuls', 10, 'products in the frontend/backend loop (the book: 10)'),
+    Param('queue_lengths', None, 'loop lengths of the cost model; None: 1, 2, 4, ..., 256',
+          kind='list', optional=True),
+    Param('small_size', None, "n of the cost model's products; None: chosen", optional=True),
+    Param('queue_numel', None, 'elements per temporary, queue experiment; None: chosen',
+          optional=True),
+    Param('prep_ms', 15, 'milliseconds of data preparation per batch (pipeline)', kind='float',
+          minimum=0.1),
+    Param('num_batches', 12, 'pipeline batches', minimum=2),
+    Param('profile_steps', 5, 'profiled steps'),
+    Param('mechanism', 'auto', "two threads: 'auto' (threads, and TorchScript) or 'threads'",
+          kind='str', choices=MECHANISMS_02_03),
+    Param('trace_dir', None, 'None: build/traces', kind='str',
+          optional=True),
+    Param('results_dir', None, 'None: build/results (JSON)', kind='str',
+          optional=True),
+)
 
-def plan_for(machine, matrix_size=1000, num_matmuls=10, queue_lengths=None):
-    """Notebook 02: the size of the cost model's small products, and the temporaries of the
-    queue experiment.
+NUMPY_SIZE = 1000        # the book's n: NumPy's loop, and PyTorch's on a CPU
+ISSUE_S = 50e-6          # Python issuing one operator to a GPU, slow host (H200's: 20 in 0.77 ms)
+LOOP_OVER_ISSUE = 10     # a GPU loop's work is at least this many times its issue time
+HOST_RNG_S = 1e-8        # one float32 normal from NumPy or torch on one CPU core, about
+# The futures, the pipeline and the profiler: CPU work sized by their parameters, not by the
+# plan; with the kernel's start and imports (a GPU's: CUDA's start too; the H200 reached the
+# profiler in 30 s in all)
+FIXED_S = {'cpu': 14.0, 'cuda': 25.0}
 
-    The cost model separates issuing an operator (t1, about LAUNCH_S on a GPU) from running it
-    (t2). On a GPU the product is sized so that t2 is at least four launches: then the backend
-    is the slower side, as the chapter's model n t2 > (n - 1) t1 assumes, and what waiting at
-    every step costs is visible. On a CPU operators are synchronous, so no size makes the
-    frontend run ahead; 32 x 32 keeps the loop cheap. The queue experiment's temporaries are
-    64 MB on a GPU (enough to show in peak memory) and 1 MB on a CPU, where nothing queues."""
+
+def gpu_matrix_size(flops, over=LOOP_OVER_ISSUE):
+    """The smallest multiple of 1000 whose product takes `over` times issuing it and its
+    random matrix on a GPU of `flops` (2 n^3 / flops >= over x 2 ISSUE_S)."""
+    return 1000 * max(1, math.ceil((over * ISSUE_S * flops) ** (1 / 3) / 1000))
+
+
+def plan_for(machine, matrix_size=None, num_matmuls=10, queue_lengths=None):
+    """Notebook 02's sizes for `machine`: PyTorch's loop, the cost model's small products, the
+    queue experiment's temporaries, and what the GPU loop costs to issue and to run."""
     lengths = list(queue_lengths or [2**k for k in range(9)])
+    n = matrix_size or (gpu_matrix_size(machine.flops) if machine.on_gpu else NUMPY_SIZE)
+    product_s = 2 * n**3 / machine.flops
     if machine.on_gpu:
-        small = next(n for n in (64, 128, 256, 512, 1024, 2048)
-                     if 2 * n**3 / machine.flops >= 4 * LAUNCH_S or n == 2048)
-        queue_numel, per_op = 2**24, lambda n: max(LAUNCH_S, 2 * n**3 / machine.flops)
+        small = next(s for s in (64, 128, 256, 512, 1024, 2048)
+                     if 2 * s**3 / machine.flops >= 4 * LAUNCH_S or s == 2048)
+        queue_numel, per_op = 2**24, lambda s: max(LAUNCH_S, 2 * s**3 / machine.flops)
+        issue_s, loop_gpu_s = 2 * num_matmuls * ISSUE_S, num_matmuls * product_s
     else:
         small, queue_numel = 32, 2**18
-        per_op = lambda n: 5e-6 + 2 * n**3 / machine.flops
-    host_rate = machine.host_flops
-    loop = num_matmuls * 2 * matrix_size**3
-    frontend = 4 * (loop / machine.flops + loop / host_rate) + 2 * 4 * matrix_size**2 / 1e8
-    blockers = 8 * 12 * 0.01 + (8 * 3 * loop / machine.flops if machine.on_gpu else 0)
-    cost_model = 2 * len(lengths) * 7 * max(0.01, 2 * sum(lengths) * per_op(small) / len(lengths))
+        per_op = lambda s: 5e-6 + 2 * s**3 / machine.flops
+        issue_s = loop_gpu_s = num_matmuls * (product_s + n**2 * HOST_RNG_S)
+    numpy_loop = num_matmuls * (2 * NUMPY_SIZE**3 / machine.host_flops
+                                + NUMPY_SIZE**2 * HOST_RNG_S)
+    torch_loop = max(issue_s, loop_gpu_s)
+    frontend = 5 * (torch_loop + numpy_loop) + 2 * 16 * max(0.02, torch_loop / num_matmuls)
+    blockers = 8 * 12 * 0.01 + (8 * 3 * torch_loop if machine.on_gpu else 0)
+    cost_model = 2 * len(lengths) * 6 * max(0.01, 2 * sum(lengths) * per_op(small) / len(lengths))
     # 31 rounds of both modes, 8 steps each, about 13 passes over a temporary of 4-byte floats
     queue = 62 * 8 * queue_numel * 13 * 4 / (GPU_BYTES_S if machine.on_gpu else HOST_COPY_BYTES_S)
-    exercise_2 = 2 * 3 * (num_matmuls + 1) * 2 * matrix_size**3 / machine.flops
-    fixed = 6.0  # futures, the pipeline demo, the profiler: fixed work on the host CPU
-    seconds = frontend + blockers + cost_model + queue + exercise_2 + fixed
-    why = (f'{small}x{small} products for the cost model: '
-           + (f'about {2 * small**3 / machine.flops * 1e6:.0f} us of GPU work each, several '
-              'launches\' worth, so that the backend is the slower side.' if machine.on_gpu else
-              'a CPU runs them synchronously, so their size changes nothing the model shows.')
-           + f' Temporaries of {4 * queue_numel / 2**20:.0f} MiB in the queue experiment.')
-    return Plan({'small_size': small, 'queue_numel': queue_numel}, seconds,
-                device_bytes=4 * (3 * matrix_size**2 + 4 * queue_numel * 8 * 2),
-                host_bytes=4 * 3 * matrix_size**2 * 2, why=why)
-
-MECHANISMS_02_03 = ('auto', 'threads')  # how notebooks 02 and 03 run work on two threads
+    exercise_2 = 2 * 5 * (num_matmuls + 1) * product_s
+    seconds = frontend + blockers + cost_model + queue + exercise_2 + FIXED_S[machine.kind]
+    return Plan({'matrix_size': n, 'small_size': small, 'queue_numel': queue_numel,
+                 'loop_issue_s': issue_s, 'loop_gpu_s': loop_gpu_s}, seconds,
+                device_bytes=4 * (3 * n**2 + 4 * queue_numel * 8 * 2),
+                host_bytes=4 * 3 * NUMPY_SIZE**2 * 2)
 
 
 def _scriptable(x: torch.Tensor) -> torch.Tensor:
@@ -55,71 +92,43 @@ def _scriptable(x: torch.Tensor) -> torch.Tensor:
 
 
 def parallel_mechanism(mechanism):
-    """(use TorchScript's fork, the sentence saying how work runs on two threads) for
-    mechanism 'auto' (TorchScript's futures beside Python threads, where this PyTorch still
-    scripts without a warning Python shows by default; deprecated since 2.x, it warns with a
-    FutureWarning from 2.15) or 'threads' (Python threads only)."""
-
+    """(whether to use TorchScript's futures, how two threads run) for mechanism 'auto'
+    (TorchScript's futures beside Python threads, where this PyTorch still scripts without a
+    warning Python shows by default; it warns with a FutureWarning from 2.15) or 'threads'."""
     if mechanism == 'threads':
-        return False, ("Two threads: Python threads only (mechanism='threads'); TorchScript is "
-                       'not used.')
+        return False, 'threads (asked)'
     present = all(hasattr(torch.jit, name) for name in ('script', 'fork', 'wait'))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         scripts = present and helpers.try_script(_scriptable)[0] is not None
-    loud = [w for w in caught if not issubclass(w.category, (DeprecationWarning,
-                                                             PendingDeprecationWarning))]
-    if not scripts:
-        return False, ('Two threads: Python threads only; this PyTorch cannot script '
-                       '(mechanism=\'auto\' falls back to threads).')
-    if loud:
-        return False, ('Two threads: Python threads only; this PyTorch warns that TorchScript '
-                       f'is deprecated ({loud[0].category.__name__}), so mechanism=\'auto\' '
-                       'falls back to threads.')
-    return True, ("Two threads: Python threads, and TorchScript's futures beside them where "
-                  "this PyTorch can still script the functions (mechanism='auto'; TorchScript "
-                  "is deprecated: mechanism='threads' leaves it out).")
+    loud = [w.category.__name__ for w in caught
+            if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))]
+    if not scripts or loud:  # TorchScript warns (a FutureWarning from 2.15) or cannot script
+        return False, f'threads ({loud[0] if loud else "unscriptable"})'
+    return True, 'threads, TorchScript'
 
 
-def setup(*, device=None, matrix_size=1000, num_matmuls=10, queue_lengths=None,
-             small_size=None, queue_numel=None, prep_ms=15, num_batches=12, profile_steps=5,
-             mechanism='auto', trace_dir=None):
-    """Notebook 02's setup: every parameter checked (a ValueError naming it), then the device,
-    the sizes chosen for this machine (plan_02), and how the futures run (mechanism)."""
-
-    dev = helpers.check_device('device', device)
-    for name, value in (('matrix_size', matrix_size), ('num_matmuls', num_matmuls),
-                        ('num_batches', num_batches), ('profile_steps', profile_steps)):
-        helpers.check_int(name, value)
-    if num_batches < 2:
-        raise ValueError(f'num_batches={num_batches} must be at least 2: one batch leaves the '
-                         'pipeline nothing to overlap')
-    helpers.check_int('small_size', small_size, allow_none=True)
-    helpers.check_int('queue_numel', queue_numel, allow_none=True)
-    helpers.check_positive('prep_ms', prep_ms)
-    helpers.check_choice('mechanism', mechanism, MECHANISMS_02_03)
-    lengths = sorted(set(helpers.check_list(
-        'queue_lengths', [2**k for k in range(9)] if queue_lengths is None else queue_lengths,
-        helpers.check_int)))
+def setup(**given):
+    """Notebook 02's setup: every parameter checked (a ValueError naming it) before any work,
+    then the device, the sizes planned for this machine, and how the futures run."""
+    parameters.check_torch(*MIN_TORCH)
+    v = parameters.check(PARAMETERS, given)
+    dev = helpers.check_device('device', v['device'])
+    lengths = sorted(set(v['queue_lengths'] or [2**k for k in range(9)]))
     if len(lengths) < 2:
-        raise ValueError(f'queue_lengths={lengths} needs at least two different loop lengths '
-                         'to fit a line, for example [1, 16, 256]')
+        raise ValueError(f'queue_lengths={lengths}: at least 2 distinct lengths')
     machine = on_device(probe(), dev)
-    plan = plan_for(machine, matrix_size, num_matmuls, lengths)
+    plan = plan_for(machine, v['matrix_size'], v['num_matmuls'], lengths)
     env = helpers.environment(dev)
-    use_script, how = parallel_mechanism(mechanism)
-    why = [f'Device: {dev} ({env["device"]}); torch {env["torch"]}; '
-           f'{env["num_threads"]} CPU threads.',
-           f'Measured: {machine}.',
-           str(plan) if small_size is None or queue_numel is None else
-           'Every size was given as a parameter.', how]
-    if dev.type != 'cuda':
-        why.append('No GPU in use: each CUDA experiment runs its CPU branch, which measures '
-                   'what a CPU does instead.')
-    return Setup(why, device=dev, on_cuda=dev.type == 'cuda', env=env, machine=machine,
-                 plan=plan, matrix_size=matrix_size, num_matmuls=num_matmuls,
-                 queue_lengths=lengths, small_size=small_size or plan['small_size'],
-                 queue_numel=queue_numel or plan['queue_numel'], prep_ms=prep_ms,
-                 num_batches=num_batches, profile_steps=profile_steps, mechanism=mechanism,
-                 use_script=use_script,
-                 trace_dir=Path(trace_dir) if trace_dir is not None else helpers.TRACES_DIR)
+    use_script, how = parallel_mechanism(v['mechanism'])
+    sizes = {k: v[k] or plan[k] for k in ('matrix_size', 'small_size', 'queue_numel')}
+    chosen = {'device': f'{dev} ({env["device"]})', 'torch': env['torch'],
+              'CPU threads': env['num_threads'], **sizes, 'NumPy size': NUMPY_SIZE,
+              'two threads': how, 'estimate': plan.seconds}
+    why = [f'Measured: {machine}.', report.markdown_table(
+        [chosen], units={'estimate': 's'})]
+    return Setup(why, **{**v, **sizes, 'device': dev, 'queue_lengths': lengths,
+                         'trace_dir': Path(v['trace_dir'] or helpers.TRACES_DIR)},
+                 on_cuda=dev.type == 'cuda', env=env, machine=machine, plan=plan,
+                 numpy_size=NUMPY_SIZE, use_script=use_script,
+                 name='02_asynchronous_computation')

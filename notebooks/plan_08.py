@@ -1,13 +1,37 @@
-"""Notebook 08: its parameters checked, and its work sized for the machine that runs it."""
-import os
+"""Notebook 08: its parameters, declared once and checked, and its work sized for the machine
+that runs it. The plan returns numbers; the notebook's Markdown says why."""
+import math
 
 import torch
 
 import helpers
+import parameters
 from hardware import on_device, probe
+from parameters import Param
 from sizing import Plan, Setup, budget, largest_fitting
 
-# ------------------------------------------------------------------------------- notebook 08
+MIN_TORCH = ('2.9', "FSDP2's fully_shard on CPU processes: before 2.7 it asks for CUDA streams, "
+             'and 2.7-2.8 train differently from DDP in float32')
+PARAMETERS = (
+    Param('num_gpus', 4, 'the largest k: runs on 1, 2, 4 (powers of two) and num_gpus processes'),
+    Param('device_counts', None, 'the process counts k; None: the powers of two below num_gpus, '
+          'num_gpus', kind='list', optional=True),
+    Param('hidden', None, "width of the MLP's hidden layers; None: sized for this machine",
+          optional=True),
+    Param('batch_per_rank', 32, 'examples each process trains on per step'),
+    Param('timed_steps', 5, 'steps timed per strategy and k (median reported), after 2 warm-up '
+          'steps'),
+    Param('lr', 1e-3, "Adam's learning rate", kind='float', minimum=0),
+    Param('memory_limit_gb', 80, 'memory per rank in the worked solution (an 80 GB GPU)',
+          kind='float', minimum=0),
+    Param('collective_timeout', 60, 'seconds before any collective gives up'),
+    Param('worker_timeout', 180, 'seconds before a run of processes is stopped'),
+    Param('threads_per_rank', None, 'torch threads in each process; None: cores // k',
+          optional=True),
+    Param('results_dir', None, 'where the headline numbers go as JSON; None: build/results',
+          kind='str', optional=True),
+)
+
 ZERO_STRATEGIES = 4             # ddp, zero1, zero2, fsdp: each trained in every run
 # The main runs' strategies: those four, and FSDP keeping the gathered layers for backward
 # (zero.py's 'fsdp_keep'), the reference that isolates ZeRO-3's extra all-gather
@@ -18,6 +42,7 @@ ZERO_MAIN_STRATEGIES = ('ddp', 'zero1', 'zero2', 'fsdp', 'fsdp_keep')
 ZERO_STEPS = 8                  # 2 warm-up, 5 timed and 1 counted step per strategy and run
 ZERO_REGATHER_REPEATS, ZERO_REGATHER_BLOCK = 5, 8
 ZERO_REGATHER_RUNS = 2 * (1 + ZERO_REGATHER_REPEATS) * ZERO_REGATHER_BLOCK / ZERO_STEPS
+ZERO_SMALL_RUNS = ((2, 5), (2, 0))  # (k, strategies): the exercises' run, and the crash
 ZERO_BATCH_PER_RANK = 32
 # One process's training step on a CPU, per parameter, in matmul-FLOP equivalents: forward and
 # backward are 6 x 32 = 192 FLOPs; Adam, the shard copies and loopback communication through
@@ -25,8 +50,14 @@ ZERO_BATCH_PER_RANK = 32
 # 0.16 to 2.2 M parameters).
 ZERO_CPU_STEP_FLOPS_PER_PARAM = 5000
 ZERO_GPU_STEP_S = 5e-3          # launches, Python and collective latency per strategy-step
-ZERO_GPU_HIDDEN = 4096          # about 34 M parameters: 0.5 GB per rank under DDP
+ZERO_GPU_WIDTHS = (4096, 2048, 1024, 512)  # 4096: about 34 M parameters, 0.5 GB a rank (DDP)
 ZERO_INIT_S_PER_PARAM = 2e-8    # random initialisation of a parameter on the host
+ZERO_CUDA_CONTEXT_S = 2.0       # a process's first CUDA call (its context), on one core
+# gloo moves GPU tensors through host memory and loopback TCP: bytes a second for the whole
+# host (a 16 MB all-reduce took 16-35 ms on 2 cores), shared by the ranks of a run
+ZERO_LOOPBACK_BYTES_PER_S = 1e9
+ZERO_PROCESS_BYTES = 400 * 2**20  # torch in each process, on the host
+ZERO_CUDA_CONTEXT_BYTES = 500 * 2**20  # each process's CUDA context, on its GPU
 
 
 def zero_parameters(hidden, in_features=100, num_hidden=2, classes=10):
@@ -48,6 +79,7 @@ ZERO_CPU_WIDTHS = (512, 384, 256, 192, 128)  # widths for CPU processes, widest 
 ZERO_EXACT_HIDDEN = 256         # the float64 check: every strategy on 4 CPU processes
 ZERO_EXACT_PROCESSES = 4        # more than two terms per sum, so the orders of summation differ
 ZERO_FLOAT64_COST = 2           # a float64 step's work against a float32 one's on a CPU
+ZERO_CPU_SHARE = 0.7            # of the budget: headroom for a machine busy with other work
 
 
 def zero_cpu_seconds(machine, runs, hidden, cost=1):
@@ -61,130 +93,97 @@ def zero_cpu_seconds(machine, runs, hidden, cost=1):
                / machine.host_flops for k, n in runs)
 
 
+def zero_gpu_seconds(machine, runs, hidden):
+    """Seconds that processes on `machine`'s GPUs take for `runs` ((k, strategies) pairs): a
+    GPU each with nccl where k <= gpus; otherwise ceil(k / gpus) ranks share each GPU (their
+    steps take turns) and gloo moves up to 3 model sizes a rank and step through the host."""
+    psi, cores = zero_parameters(hidden), machine.host_cores
+    step = 6 * psi * ZERO_BATCH_PER_RANK / machine.flops + ZERO_GPU_STEP_S
+    seconds = 0.0
+    for k, n in runs:
+        share = math.ceil(k / machine.gpus)
+        wire = 0 if share == 1 or k == 1 else 3 * 4 * psi * k / ZERO_LOOPBACK_BYTES_PER_S
+        seconds += (zero_run_overhead_s(k, cores) + ZERO_CUDA_CONTEXT_S * k / min(k, cores)
+                    + n * (ZERO_INIT_S_PER_PARAM * psi * max(1, k / cores)
+                           + ZERO_STEPS * (share * step + wire)))
+    return seconds
+
+
+def placement(machine, k_max):
+    """Where the ranks run: 'nccl' (a GPU each), 'gloo-gpu' (sharing the GPUs through gloo)
+    or 'cpu' (CPU processes over gloo)."""
+    if not machine.on_gpu:
+        return 'cpu'
+    return 'nccl' if machine.gpus >= k_max else 'gloo-gpu'
+
+
 def plan_for(machine, max_processes=4, device_counts=None):
-    """Notebook 08: the MLP's hidden width, and where the k processes run.
-
-    With a GPU for every process they run on GPUs with nccl, at a width (ZERO_GPU_HIDDEN) whose
-    parameters and Adam state dwarf everything else. Otherwise every run is a CPU process over
-    gloo (also on a GPU machine with fewer GPUs than processes, so that every k runs the same
-    way), and the plan is the CPU's: its budget, its cores, its FLOP rate. The work planned:
-    the four strategies on every k, the exercises' 2-process run of five strategies, the crash
-    run, and the float64 check (ZERO_EXACT_PROCESSES CPU processes at ZERO_EXACT_HIDDEN, on
-    every machine). cpu_hidden is the width of the 2-process runs when they go to CPU
-    processes while the main runs use GPUs (a machine with one GPU).
-
-    On CPU processes nothing the notebook teaches grows with the width: bytes are counted per
-    parameter and memory is never short, while the time per step and float32's rounding
-    differences to DDP grow. So a CPU runs at most ZERO_CPU_WIDTHS[0] (zero.py's default),
-    and narrower where a slow host needs it to fit its budget."""
+    """Notebook 08: the MLP's hidden width, where the k processes run, and the estimated
+    seconds of the GPU runs and of the CPU processes (the float64 check, and every run on a
+    machine without a GPU), each within its own budget."""
     counts = sorted(set(device_counts or [2**i for i in range(8) if 2**i < max_processes]
                         + [max_processes]))
-    on_gpus = machine.on_gpu and machine.gpus >= max(counts)
-    main_runs = [(k, len(ZERO_MAIN_STRATEGIES)) for k in counts] + [
-        (max(counts), ZERO_REGATHER_RUNS)]  # exercise 1's blocks, at the largest k
-    small_runs = [(2, 5), (2, 0)]  # the exercises' run and the crash
-    cores = machine.host_cores
-    host = on_device(machine, torch.device('cpu'))  # where the CPU processes run
-    cpu_limit = budget('08', host) * 0.7  # headroom for a machine busy with other work
+    where = placement(machine, max(counts))
+    runs = [(k, len(ZERO_MAIN_STRATEGIES)) for k in counts] + [
+        (max(counts), ZERO_REGATHER_RUNS)] + list(ZERO_SMALL_RUNS)
+    host = on_device(machine, torch.device('cpu'))  # where CPU processes run
+    cpu_limit = budget('08', host) * ZERO_CPU_SHARE
     exact_s = zero_cpu_seconds(host, [(ZERO_EXACT_PROCESSES, ZERO_STRATEGIES)],
                                ZERO_EXACT_HIDDEN, cost=ZERO_FLOAT64_COST)
-
-    def cpu_width(runs, fixed_s):
-        return largest_fitting(ZERO_CPU_WIDTHS,
-                               lambda h: fixed_s + zero_cpu_seconds(host, runs, h), cpu_limit)
-
-    if on_gpus:
-        psi = zero_parameters(ZERO_GPU_HIDDEN)
-        step = 6 * psi * ZERO_BATCH_PER_RANK / machine.flops + ZERO_GPU_STEP_S
-        init = ZERO_INIT_S_PER_PARAM * psi  # each strategy builds the model on the host
-        runs = main_runs + (small_runs if machine.gpus >= 2 else [])
-        seconds = ZERO_FIXED_S + exact_s + sum(
-            zero_run_overhead_s(k, cores) + n * (init * max(1, k / cores) + ZERO_STEPS * step)
-            for k, n in runs)
-        cpu_hidden = ZERO_GPU_HIDDEN
-        if machine.gpus < 2:  # the 2-process runs go to CPU processes, sized as on a CPU
-            cpu_hidden = cpu_width(small_runs, ZERO_FIXED_S + exact_s)
-            seconds += zero_cpu_seconds(host, small_runs, cpu_hidden)
-        # DDP's 16 bytes a parameter, twice over for transient copies, on each GPU
-        return Plan({'hidden': ZERO_GPU_HIDDEN, 'backend': 'nccl', 'cpu_hidden': cpu_hidden},
-                    seconds, device_bytes=2 * 16 * psi, host_bytes=max(counts) * 16 * psi,
-                    why=f'{max(counts)} GPU(s) for {max(counts)} process(es): nccl, '
-                        f'hidden={ZERO_GPU_HIDDEN} (about {psi / 1e6:.0f} M parameters); the '
-                        f'runs should take about {seconds:.0f} s here, within a '
-                        f'{budget("08", machine):.0f} s budget.' + (
-                            f' The 2-process runs go to CPU processes at hidden={cpu_hidden}.'
-                            if machine.gpus < 2 else ''))
-    hidden = cpu_width(main_runs + small_runs, ZERO_FIXED_S + exact_s)
-    seconds = ZERO_FIXED_S + exact_s + zero_cpu_seconds(host, main_runs + small_runs, hidden)
-    psi = zero_parameters(hidden)
-    over = (f' Even the narrowest takes about {seconds:.0f} s: starting {max(counts)} '
-            'processes dominates.' if seconds > cpu_limit else '')
-    where = (f'{machine.gpus} GPU(s) for {max(counts)} processes, so every k runs on the host '
-             f'and is sized to the CPU\'s budget: ' if machine.on_gpu else '')
-    widest = ('the widest a CPU runs (no lesson here needs more)'
-              if hidden == ZERO_CPU_WIDTHS[0] else 'the widest that fits')
-    return Plan({'hidden': hidden, 'backend': 'gloo', 'cpu_hidden': hidden}, seconds,
-                host_bytes=max(counts) * (2 * 16 * psi + 400 * 2**20),  # + torch per process
-                why=f'{where}gloo between CPU processes, and hidden={hidden} ({psi / 1e6:.2f} M '
-                    f'parameters), {widest}. The runs should take about {seconds:.0f} s here on '
-                    f'{cores} cores, within a {cpu_limit:.0f} s budget (70% of the notebook\'s); '
-                    f'the float64 check runs at hidden={ZERO_EXACT_HIDDEN}, and GPUs run '
-                    f'hidden={ZERO_GPU_HIDDEN}.{over}')
+    if where == 'cpu':
+        run_s = lambda h: ZERO_FIXED_S + exact_s + zero_cpu_seconds(host, runs, h)
+        hidden = largest_fitting(ZERO_CPU_WIDTHS, run_s, cpu_limit)
+        psi = zero_parameters(hidden)
+        return Plan({'hidden': hidden, 'backend': 'gloo', 'placement': where,
+                     'cpu_seconds': run_s(hidden)}, run_s(hidden),
+                    host_bytes=max(counts) * (2 * 16 * psi + ZERO_PROCESS_BYTES))
+    gpu_limit = budget('08', machine) * ZERO_CPU_SHARE - ZERO_FIXED_S - exact_s
+    hidden = largest_fitting(ZERO_GPU_WIDTHS, lambda h: zero_gpu_seconds(machine, runs, h),
+                             gpu_limit)
+    psi, per_gpu = zero_parameters(hidden), math.ceil(max(counts) / machine.gpus)
+    seconds = ZERO_FIXED_S + exact_s + zero_gpu_seconds(machine, runs, hidden)
+    # DDP's 16 bytes a parameter, twice over for transient copies, for each rank on a GPU
+    return Plan({'hidden': hidden, 'backend': 'nccl' if where == 'nccl' else 'gloo',
+                 'placement': where, 'cpu_seconds': exact_s}, seconds,
+                device_bytes=per_gpu * (2 * 16 * psi + ZERO_CUDA_CONTEXT_BYTES),
+                host_bytes=max(counts) * (ZERO_PROCESS_BYTES + 2 * 4 * psi))
 
 
-def setup(*, num_gpus=4, device_counts=None, hidden=None, batch_per_rank=32, timed_steps=5,
-             lr=1e-3, memory_limit_gb=80, collective_timeout=60, worker_timeout=180):
-    """Notebook 08's setup: every parameter checked (a ValueError naming it, before any
-    process starts), then the process counts k, the width and the backend planned for this
-    machine (plan_08), and the workers' settings: `config` for the main runs, `small_config`
-    for the 2-process runs (the crash, the exercises) and `exact_config` for the float64
-    check, which always runs on ZERO_EXACT_PROCESSES CPU processes."""
+def default_counts(num_gpus):
+    """k = 1, 2, 4, ... below num_gpus, and num_gpus."""
+    return [2**i for i in range(num_gpus.bit_length()) if 2**i < num_gpus] + [num_gpus]
 
-    helpers.check_int('num_gpus', num_gpus)
-    if device_counts is None:
-        ks = [2**i for i in range(num_gpus.bit_length()) if 2**i < num_gpus] + [num_gpus]
-    else:
-        ks = helpers.check_list('device_counts', device_counts, helpers.check_int)
-    if not ks:
-        raise ValueError('device_counts is empty: give at least one process count, or None')
-    helpers.check_int('hidden', hidden, allow_none=True)
-    helpers.check_int('batch_per_rank', batch_per_rank)
-    helpers.check_int('timed_steps', timed_steps)
-    helpers.check_positive('lr', lr)
-    helpers.check_positive('memory_limit_gb', memory_limit_gb)
-    helpers.check_int('collective_timeout', collective_timeout)
-    helpers.check_int('worker_timeout', worker_timeout)
-    ks = sorted(set(ks))
+
+def setup(**given):
+    """Notebook 08's setup: torch's version and every parameter checked (an error naming it,
+    before any process starts), then the process counts k, the width and where the ranks run
+    planned for this machine (plan_for), and the workers' settings: `config` for the main
+    runs, `small_config` for the 2-process runs (the crash, the exercises) and `exact_config`
+    for the float64 check, which always runs on ZERO_EXACT_PROCESSES CPU processes."""
+    parameters.check_torch(*MIN_TORCH)
+    v = parameters.check(PARAMETERS, given)
+    helpers.check_positive('lr', v['lr'])
+    helpers.check_positive('memory_limit_gb', v['memory_limit_gb'])
+    ks = sorted(set(v['device_counts'] or default_counts(v['num_gpus'])))
     machine = probe()
     plan = plan_for(machine, max(ks), ks)
-    gpus = helpers.num_gpus()
-    backend = plan['backend'] if torch.distributed.is_nccl_available() else 'gloo'
-    config = {'hidden': hidden or plan['hidden'], 'batch_per_rank': batch_per_rank,
-              'timed_steps': timed_steps, 'lr': lr, 'backend': backend,
-              'timeout': collective_timeout, 'strategies': ZERO_MAIN_STRATEGIES,
-              'time_phases': True}
-    small_backend = backend if gpus >= 2 else 'gloo'  # the crash and the exercises: 2 ranks
-    small_config = {**config, 'backend': small_backend}
-    if small_backend != backend:
-        small_config['hidden'] = plan['cpu_hidden']
-    exact_config = {**config, 'backend': 'gloo', 'hidden': ZERO_EXACT_HIDDEN,
+    where, gpus = plan['placement'], machine.gpus if machine.on_gpu else 0
+    if where == 'nccl' and not torch.distributed.is_nccl_available():
+        where = 'gloo-gpu'  # a GPU build without nccl: the same GPUs, through gloo
+    backend, device = 'nccl' if where == 'nccl' else 'gloo', 'cpu' if where == 'cpu' else 'cuda'
+    config = {'hidden': v['hidden'] or plan['hidden'], 'batch_per_rank': v['batch_per_rank'],
+              'timed_steps': v['timed_steps'], 'lr': v['lr'], 'backend': backend,
+              'device': device, 'timeout': v['collective_timeout'],
+              'strategies': ZERO_MAIN_STRATEGIES, 'time_phases': True}
+    small_config = {**config, 'backend': 'nccl' if backend == 'nccl' and gpus >= 2 else 'gloo'}
+    exact_config = {**config, 'backend': 'gloo', 'device': 'cpu', 'hidden': ZERO_EXACT_HIDDEN,
                     'dtype': 'float64', 'strategies': ZERO_MAIN_STRATEGIES[:ZERO_STRATEGIES]}
-    cores = os.cpu_count() or 1
-    where = {'nccl': 'each process drives its own GPU, with nccl.',
-             'gloo': f'CPU processes talk through gloo over loopback TCP and share {cores} '
-                     'cores; they stand in for GPUs.'}[backend]
-    chosen = f'Chosen for this machine: {plan.why}'
-    why = [chosen if hidden is None else f'hidden={hidden}, as given.',
-           f'k = {ks} processes; {gpus} GPU(s) found: {where}']
-    if gpus and backend == 'gloo':
-        why.append(f'{gpus} GPU(s) are fewer than {max(ks)} processes: num_gpus={gpus} runs '
-                   'on the GPUs, with nccl.')
-    if small_backend != backend:
-        why.append(f'The 2-process runs (a crash, the exercises) use CPU processes over gloo, '
-                   f'at hidden={small_config["hidden"]}: there is one GPU.')
-    return Setup(why, machine=machine, plan=plan, ks=ks, k_max=max(ks), gpus_found=gpus,
-                 backend=backend, cores=cores, hidden=config['hidden'], config=config,
-                 small_config=small_config, exact_config=exact_config, num_gpus=num_gpus,
-                 batch_per_rank=batch_per_rank, timed_steps=timed_steps, lr=lr,
-                 memory_limit_gb=memory_limit_gb, collective_timeout=collective_timeout,
-                 worker_timeout=worker_timeout)
+    chosen = {'k': ks, 'ranks on': f'{gpus} GPU(s)' if device == 'cuda' else 'the CPU',
+              'backend': backend, 'hidden': config['hidden'],
+              'parameters': zero_parameters(config['hidden']),
+              'threads per rank': v['threads_per_rank'] or 'cores // k',
+              'estimate (s)': round(plan.seconds), 'budget (s)': budget('08', machine)}
+    return Setup([], **{**v, 'hidden': config['hidden']}, machine=machine, plan=plan, ks=ks,
+                 k_max=max(ks), gpus_found=gpus, backend=backend, on_gpu=device == 'cuda',
+                 placement=where, cores=machine.host_cores, config=config,
+                 small_config=small_config, exact_config=exact_config, chosen=chosen)

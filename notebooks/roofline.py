@@ -32,8 +32,9 @@ def shared_roofs(roofs):
 
 def draw(roofs, points, memory, cache, title, kernels=()):
     """The roofline figure. roofs: {precision: peak GFLOP/s}; points: {name: (FLOP/byte,
-    GFLOP/s)}; memory and cache: (GB/s, label) of the two sloped roofs; kernels: the names of
-    the memory-bound points (drawn black). Equal roofs are one line, labelled with every
+    GFLOP/s)}; memory and cache: (GB/s, label) of the two sloped roofs (cache None: no cache
+    roof, where no cache read beat main memory); kernels: the names of the memory-bound points
+    (drawn black). Equal roofs are one line, labelled with every
     precision that has it; a point named 'matmul <precision>' takes its roof's colour."""
     import matplotlib.pyplot as plt
     roofs = {name: peak for name, peak in roofs.items() if peak}  # None: no peak known
@@ -43,11 +44,12 @@ def draw(roofs, points, memory, cache, title, kernels=()):
     top = max(list(roofs.values()) + [p[1] for p in points.values()])
     highest = max(roofs.values(), default=top)
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for (gbs, label), style in ((memory, dict(ls='-', lw=1.5)), (cache, dict(ls='--', lw=0.8))):
+    slopes = [(memory, dict(ls='-', lw=1.5))] + [(cache, dict(ls='--', lw=0.8))] * bool(cache)
+    for (gbs, label), style in slopes:
         under = intensity * gbs <= highest  # the flat part is the precisions' roofs
         ax.plot(intensity[under], intensity[under] * gbs, color='k', label=label, **style)
     for i, (peak, names) in enumerate(groups.items()):
-        flat = intensity >= peak / cache[0]  # flat from where the cache slope meets it
+        flat = intensity >= peak / (cache or memory)[0]  # from where the top slope meets it
         ax.plot(intensity[flat], np.full(flat.sum(), peak), ls=(i, (2, 3)),
                 color=colours[names[0]], lw=1.5,
                 label=f'{" = ".join(names)} peak {peak:,.0f} GFLOP/s')

@@ -13,9 +13,13 @@ worker is now also the server of its own shard:
 * ZeRO-3 (FSDP): the parameters are sharded too and all-gathered layer by layer when needed;
   here that is PyTorch's own `fully_shard`.
 
-`train_worker` (every strategy, measured) and `regather_worker` (FSDP with and without its
-backward all-gather, taking turns) are the process entry points for launch.run_workers; they
-live here because spawned processes must import them.
+`Shard`, `reduce_scatter`, `all_gather` and `ZeroAdam` stand in notebook 08's cells, which
+`make export` copies here (#@save zero). `train_worker` (every strategy, measured) and
+`regather_worker` (FSDP with and without its backward all-gather, taking turns) are the process
+entry points for launch.run_workers; they live here because spawned processes must import
+them. `start_rank` places a rank: on a GPU of its own with nccl, on a GPU shared through gloo
+(gloo's all-reduce, broadcast, all-gather and reduce-scatter take GPU tensors, staging them in
+host memory; its send and recv do not, so our ring passes host copies), or on the CPU.
 """
 import contextlib
 import gc
@@ -47,6 +51,8 @@ PHASES = ('forward', 'backward', 'step')  # a training step's parts, timed with 
 DEFAULTS = {'strategies': STRATEGIES, 'in_features': 100, 'hidden': 512, 'num_hidden': 2,
             'classes': 10, 'batch_per_rank': 32, 'timed_steps': 5, 'lr': 1e-3, 'seed': 0,
             'backend': 'gloo', 'timeout': 60, 'probe_wire': False, 'fail_rank': None,
+            'device': None,  # 'cuda': ranks on the GPUs (through gloo where they share one);
+                             # 'cpu': CPU processes; None: cuda with nccl, cpu with gloo
             'dtype': 'float32',  # float64: the strategies' equivalence without rounding noise
             'time_phases': False}  # also time forward, backward and step (a sync between)
 WARMUP_STEPS = 2  # DDP rebuilds its gradient buckets during its second step
@@ -66,6 +72,9 @@ def check_config(config, world_size):
     helpers.check_positive('lr', cfg['lr'])
     helpers.check_choice('backend', cfg['backend'], ('gloo', 'nccl'))
     helpers.check_choice('dtype', cfg['dtype'], ('float32', 'float64'))
+    helpers.check_choice('device', cfg['device'], (None, 'cpu', 'cuda'))
+    if cfg['backend'] == 'nccl' and cfg['device'] == 'cpu':
+        raise ValueError("device='cpu' needs backend='gloo': nccl moves GPU memory only")
     helpers.check_int('fail_rank', cfg['fail_rank'], minimum=0, allow_none=True)
     helpers.check_choice('time_phases', cfg['time_phases'], (False, True))
     return cfg
@@ -103,36 +112,8 @@ def make_batches(cfg, steps, rank, world_size, device):
     return batches
 
 
-# ------------------------------------------------------------------------ collectives
-def reduce_scatter(output, input):
-    """Sum `input` over the ranks; rank r receives chunk r of the sum in `output` (input holds
-    k chunks of output's size). nccl has a bandwidth-optimal reduce-scatter. gloo has one too,
-    but it sends as many bytes as an all-reduce (the notebook measures that), so on gloo we
-    build it from send/recv: the first half of notebook 07's ring. In k-1 steps each rank sends
-    one partly summed chunk to its right and adds the chunk arriving from its left."""
-    k, r = dist.get_world_size(), dist.get_rank()
-    if dist.get_backend() != 'gloo':
-        native = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
-        return native(output, input)
-    chunks = input.view(k, -1)
-    partial = chunks[(r - 1) % k].clone()
-    for step in range(k - 1):
-        incoming = torch.empty_like(partial)
-        requests = [dist.isend(partial, (r + 1) % k), dist.irecv(incoming, (r - 1) % k)]
-        for request in requests:
-            request.wait()
-        partial = incoming.add_(chunks[(r - 2 - step) % k])
-    output.copy_(partial)
-
-
-def all_gather(output, input):
-    """Concatenate every rank's `input` into `output`, in rank order (gloo and nccl both have a
-    bandwidth-optimal one: each rank sends its chunk k-1 times)."""
-    native = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
-    native(output, input)
-
-
-# ------------------------------------------------------------------------- ZeRO by hand
+# ------------------------------------------------------------------ ZeRO by hand
+# ---- saved from 08_sharded_data_parallelism.ipynb by make export: edit the notebook
 class Shard:
     """Rank `rank`'s part of a parameter with `numel` elements, flattened: chunks of
     ceil(numel / k) elements (the last ones shorter or empty when k does not divide numel)."""
@@ -146,6 +127,31 @@ class Shard:
     def padded(self, flat, chunks=None):
         """`flat` padded with zeros to `chunks` whole chunks (default k), as collectives need."""
         return F.pad(flat, (0, self.chunk * (chunks or self.world_size) - flat.numel()))
+
+
+def reduce_scatter(output, input):
+    """Sum `input` over the ranks; rank r receives chunk r of the sum in `output` (input holds
+    k chunks of output's size): nccl's own, or on gloo the first half of notebook 07's ring."""
+    k, r = dist.get_world_size(), dist.get_rank()
+    if dist.get_backend() != 'gloo':
+        native = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
+        return native(output, input)
+    chunks = input.view(k, -1).cpu()  # gloo's send and recv take host memory only
+    partial = chunks[(r - 1) % k].clone()
+    for step in range(k - 1):
+        incoming = torch.empty_like(partial)
+        requests = [dist.isend(partial, (r + 1) % k), dist.irecv(incoming, (r - 1) % k)]
+        for request in requests:
+            request.wait()
+        partial = incoming.add_(chunks[(r - 2 - step) % k])
+    output.copy_(partial)
+
+
+def all_gather(output, input):
+    """Concatenate every rank's `input` into `output`, in rank order (each rank sends its
+    chunk k-1 times)."""
+    native = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
+    native(output, input)
 
 
 class ZeroAdam:
@@ -195,6 +201,7 @@ class ZeroAdam:
     def zero_grad(self):
         for p, owned in zip(self.params, self.owned):
             p.grad = owned.grad = None
+# ---- end of what 08_sharded_data_parallelism.ipynb saves
 
 
 # ------------------------------------------------------------------------- measuring
@@ -284,51 +291,59 @@ def _mark(marks, device, timed):
         marks.append(time.perf_counter())
 
 
+def train_step(model, optimizer, X, y, device, time_phases=False):
+    """One training step. Returns the times it started and ended, and with `time_phases` the
+    ends of its forward pass (with zero_grad) and its backward pass between them."""
+    helpers.synchronize(device)
+    marks = [time.perf_counter()]
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)  # the mean over this rank's examples
+    _mark(marks, device, time_phases)
+    loss.backward()
+    _mark(marks, device, time_phases)
+    optimizer.step()
+    helpers.synchronize(device)
+    return marks + [time.perf_counter()]
+
+
+def _reset_peak_memory(device):
+    """On a GPU: free what earlier runs left, restart the peak counter and return the bytes
+    allocated now (this run's data), the baseline of the peak. None on a CPU."""
+    if device.type != 'cuda':
+        return None
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
 def run_strategy(strategy, cfg, batches, device, initial, reference=None):
     """Train `strategy` on `batches`: WARMUP_STEPS, then timed steps (wall time and TCP bytes),
     then one step whose collectives CollectiveCounter counts. Returns this rank's measurements
     and the final parameters (`initial`: the parameters before training, flat)."""
-    rank = dist.get_rank()
-    if device.type == 'cuda':
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        baseline = torch.cuda.memory_allocated(device)  # this run's data, DDP's reference
+    rank, baseline = dist.get_rank(), _reset_peak_memory(device)
     model, module, optimizer = build(strategy, cfg, device)
-    loss_fn = nn.CrossEntropyLoss()  # the mean over this rank's examples; ranks average grads
     times, counter, tcp = [], None, {}
     phases = {p: [] for p in PHASES}  # each timed step's phases, with cfg['time_phases']
-    on_tcp = dist.get_backend() == 'gloo'  # nccl moves data over NVLink or shared memory
     for step, (X, y) in enumerate(batches):
         if step == WARMUP_STEPS:
-            tcp['start'] = tcp_bytes_sent() if on_tcp else None
+            tcp['start'] = tcp_bytes_sent() if dist.get_backend() == 'gloo' else None
         if step == len(batches) - 1:  # the last step is counted, not timed
-            tcp['end'] = tcp_bytes_sent() if on_tcp else None
+            tcp['end'] = tcp_bytes_sent() if dist.get_backend() == 'gloo' else None
             counter = CollectiveCounter()
         if cfg['fail_rank'] == rank and strategy == cfg['strategies'][-1] and step == 1:
             raise RuntimeError(f'rank {rank}: simulated crash in {strategy} at step {step}')
-        helpers.synchronize(device)
-        tik = time.perf_counter()
-        marks = [tik]
         with counter if counter is not None else contextlib.nullcontext():
-            optimizer.zero_grad()
-            loss = loss_fn(model(X), y)
-            _mark(marks, device, cfg['time_phases'])
-            loss.backward()
-            _mark(marks, device, cfg['time_phases'])
-            optimizer.step()
-        helpers.synchronize(device)
+            marks = train_step(model, optimizer, X, y, device, cfg['time_phases'])
         if WARMUP_STEPS <= step < len(batches) - 1:
-            times.append(time.perf_counter() - tik)
-            if cfg['time_phases']:  # marks: the start, forward's end, backward's end
-                for p, start, end in zip(PHASES, marks, marks[1:] + [tik + times[-1]]):
+            times.append(marks[-1] - marks[0])
+            if cfg['time_phases']:  # marks: the start, forward's end, backward's end, the end
+                for p, start, end in zip(PHASES, marks, marks[1:]):
                     phases[p].append(end - start)
     params = list(module.parameters())
     state, grad_shards = optimizer_tensors(optimizer)
     held = held_bytes(params, [p.grad for p in params] + grad_shards, state)
     flat = full_parameters(module)
-    wire = (None if None in (tcp['start'], tcp['end'])
-            else (tcp['end'] - tcp['start']) / len(times))
     return {
         'held_bytes': held,
         'bytes_per_rank': sum(held.values()),
@@ -338,9 +353,10 @@ def run_strategy(strategy, cfg, batches, device, initial, reference=None):
         'phase_times': phases if cfg['time_phases'] else None,  # {phase: every timed step's}
         'counted_bytes_per_step': counter.bytes,
         'collectives_per_step': counter.calls,
-        'tcp_bytes_per_step': wire,
-        'peak_bytes': (torch.cuda.max_memory_allocated(device) - baseline
-                       if device.type == 'cuda' else None),
+        'tcp_bytes_per_step': (None if None in (tcp['start'], tcp['end'])
+                               else (tcp['end'] - tcp['start']) / len(times)),
+        'peak_bytes': (None if baseline is None  # nccl and gloo alike, on a GPU
+                       else torch.cuda.max_memory_allocated(device) - baseline),
         'ranks_apart': _spread_over_ranks(flat),
         'moved': _max_over_ranks((flat - initial.to(flat.device)).abs().max().item()),
         'max_diff_vs_ddp': _max_over_ranks(0.0 if reference is None else
@@ -370,14 +386,23 @@ def wire_probe(numel):
     return sent
 
 
+def start_rank(cfg):
+    """Join the process group, and place this rank: on its GPU (launch.init_distributed's, with
+    nccl or through gloo) when cfg['device'] says so, or on the CPU. Returns (rank, k, device)."""
+    rank, world_size, device = launch.init_distributed(timeout=cfg['timeout'],
+                                                        backend=cfg['backend'])
+    wanted = cfg['device'] or ('cuda' if cfg['backend'] == 'nccl' else 'cpu')
+    if wanted == 'cpu' or device.type != 'cuda':
+        return rank, world_size, torch.device('cpu')
+    torch.cuda.set_device(device)  # FSDP's device mesh and DDP use the current device
+    return rank, world_size, device
+
+
 def train_worker(rank, world_size, config):
     """One rank: train every strategy in turn on the same data, from the same initial model,
     and measure each (DDP first: it is the reference). Returns this rank's measurements."""
     cfg = check_config(config, world_size)
-    rank, world_size, device = launch.init_distributed(timeout=cfg['timeout'],
-                                                        backend=cfg['backend'])
-    if cfg['backend'] == 'gloo':
-        device = torch.device('cpu')  # gloo runs on CPU processes, also on a GPU machine
+    rank, world_size, device = start_rank(cfg)
     batches = make_batches(cfg, WARMUP_STEPS + cfg['timed_steps'] + 1, rank, world_size, device)
     results, reference = {}, None
     initial = full_parameters(make_model(cfg))
@@ -403,12 +428,8 @@ def regather_worker(rank, world_size, config, repeats=5, block_steps=8):
     `repeats` blocks each, so that whatever else the machine does falls on both alike.
     Returns this rank's seconds per step, one per block, for each."""
     cfg = check_config(config, world_size)
-    rank, world_size, device = launch.init_distributed(timeout=cfg['timeout'],
-                                                        backend=cfg['backend'])
-    if cfg['backend'] == 'gloo':
-        device = torch.device('cpu')
+    rank, world_size, device = start_rank(cfg)
     X, y = make_batches(cfg, 1, rank, world_size, device)[0]
-    loss_fn = nn.CrossEntropyLoss()
     built = {s: build(s, cfg, device) for s in ('fsdp', 'fsdp_keep')}
     times = {s: [] for s in built}
     for block in range(1 + repeats):
@@ -417,7 +438,7 @@ def regather_worker(rank, world_size, config, repeats=5, block_steps=8):
             tik = time.perf_counter()
             for _ in range(block_steps):
                 optimizer.zero_grad()
-                loss_fn(model(X), y).backward()
+                F.cross_entropy(model(X), y).backward()
                 optimizer.step()
             helpers.synchronize(device)
             if block:  # the first block warms up
@@ -494,6 +515,8 @@ def summarize(runs, strategies=STRATEGIES):
                                      for s in strategies if s != 'ddp'},
         ranks_apart=max(over_ranks(rs, s, 'ranks_apart') for s in strategies
                         for rs in runs.values()),
+        ranks_apart_by_strategy={s: max(over_ranks(rs, s, 'ranks_apart') for rs in runs.values())
+                                 for s in strategies},
         moved_by_training=max(over_ranks(rs, 'ddp', 'moved') for rs in runs.values()),
         wire_probe=runs[max(runs)][0]['wire_probe'])
 
@@ -506,10 +529,11 @@ STYLES = {'ddp': dict(marker='o', markersize=12, markerfacecolor='none', linesty
           'fsdp': dict(marker='D', markersize=5, linestyle='-')}
 
 
-def plot_memory_time_traffic(ks, m, paper_held, backend, cores):
+def plot_memory_time_traffic(ks, m, paper_held, where):
     """Three panels over the process counts `ks`, a line per strategy, from summarize()'s `m`:
     MiB held per rank (dotted: the paper's count, `paper_held`, {strategy: {k: bytes}}), ms per
-    step on the slowest rank, and MiB sent per rank and step. Returns the figure."""
+    step on the slowest rank, and MiB sent per rank and step; `where` the ranks ran, in the
+    title. Returns the figure."""
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     panels = ((m.bytes_per_rank, 2**-20, 'MiB held per rank'),
@@ -531,7 +555,6 @@ def plot_memory_time_traffic(ks, m, paper_held, backend, cores):
                  'coincide', transform=axes[2].transAxes, va='top', fontsize=8)
     fig.legend(*axes[0].get_legend_handles_labels(), loc='upper center', ncol=5, fontsize=8,
                frameon=False, bbox_to_anchor=(0.5, 0.93))
-    where = {'nccl': 'GPUs with nccl', 'gloo': f'CPU processes over gloo on {cores} cores'}
-    fig.suptitle(f'{m.parameters / 1e6:.2f} M parameters, Adam, {where[backend]}')
+    fig.suptitle(f'{m.parameters / 1e6:.2f} M parameters, Adam, {where}')
     fig.tight_layout(rect=(0, 0, 1, 0.88))
     return fig

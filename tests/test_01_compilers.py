@@ -2,6 +2,7 @@
 import pytest
 
 import hardware
+import parameters
 import plan_01
 import sizing
 
@@ -19,6 +20,10 @@ def test_01_default_run_compiles_and_every_mode_agrees(default_run):
     assert all(r['speedup_over_eager'][f'{w} | eager'] == 1.0 for w in workloads)
     assert len(r['max_abs_diff']) == (5 if r['torchscript_available'] else 3)
     assert all(d < 1e-4 for d in r['max_abs_diff'].values()), r['max_abs_diff']
+    assert set(r['mlp_work_measurable']) == {f'MLP, batch {b}' for b in r['mlp_batch_sizes']}
+    assert r['torchscript_can_fuse'] in (True, False)
+    assert not any(c.startswith(('triton_helpers', 'triton_heuristics', 'triton_meta'))
+                   for c in r['compiled_calls']), 'only kernels'
     assert r['recompiled']['batch 1'] and not r['recompiled']['batch 1 again']
     assert r['recompiled']['batch 16, no_grad'], 'a grad-mode change fails a guard'
     assert r['static_export_rejects_new_batch'] is True
@@ -51,7 +56,7 @@ def test_01_default_run_shows_what_eager_and_compiled_code_call(default_run):
 @pytest.mark.parametrize('params, message', [
     ({'mlp_batch_sizes': [1, 0]}, 'each of mlp_batch_sizes must be an integer >= 1'),
     ({'mlp_batch_sizes': 'one'}, 'pass lists to papermill with -y'),
-    ({'mlp_batch_sizes': []}, 'mlp_batch_sizes is empty'),
+    ({'mlp_batch_sizes': []}, 'mlp_batch_sizes must be a non-empty list'),
     ({'device': 'cuda:3'}, "device='cuda:3'"),
     ({'chain_length': -1}, 'chain_length must be an integer >= 1'),
     ({'chain_numel': 0}, 'chain_numel must be an integer >= 1'),
@@ -67,7 +72,14 @@ def test_01_accepts_a_list_as_text(refusal):
     assert refusal(NAME, mlp_batch_sizes='[1,4]') is None
 
 
-@pytest.mark.parametrize('machine', ['colab-t4', 'h100', 'cpu-2core'])
+def test_01_refuses_an_older_torch_and_unknown_parameters_by_name():
+    with pytest.raises(RuntimeError, match=r'needs torch>=2\.9'):
+        parameters.check_torch(*plan_01.MIN_TORCH, installed='2.8.0')
+    with pytest.raises(ValueError, match='unknown parameter'):
+        plan_01.setup(chain_lenght=4)
+
+
+@pytest.mark.parametrize('machine', sorted(hardware.DESCRIBED))
 def test_plan_01_fits_time_and_memory(machine):
     m = hardware.DESCRIBED[machine]
     plan = plan_01.plan_for(m)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hardware
+import parameters
 import plan_03
 import sizing
 import stats
@@ -69,6 +70,10 @@ def test_03_default_run_measures_lanes_and_exercises(default_run):
     assert set(r['three_stages_s']) == {'one stage after the other', 'pipelined'}
     assert r['diamond_s']['parallel'] > 0 and r['diamond_s']['sequential'] > 0
     assert r['mechanism'] == 'auto'
+    assert len(r['planned_lane_s']) == 2 and min(r['planned_lane_s']) > 0
+    assert r['probe_above_two'] is hardware.above_two(r['two_thread_scaling'])
+    assert len(r['three_stages_alone_s']) == 2 and 1 <= r['pipeline_ideal'] <= 2
+    assert set(r['lane_slowed']) == {'compute', 'copy'}
 
 
 def test_03_runs_without_torchscript(run_notebook):
@@ -129,3 +134,45 @@ def test_plan_03_keeps_the_books_scale_on_an_h100_and_fits_a_cpu():
     slow = hardware.Machine('slow CPU', 'cpu', flops=2e10, memory=cpu.memory, host_flops=2e10,
                           host_memory=cpu.host_memory, host_cores=2)
     assert plan_03.plan_for(slow)['matrix_size'] < plan['matrix_size'], 'a slower CPU gets less'
+
+
+def test_03_refuses_an_older_torch_by_name(monkeypatch):
+    with pytest.raises(RuntimeError, match=r'torch>=2\.9 .*torch 2\.8\.0'):
+        parameters.check_torch(*plan_03.MIN_TORCH, installed='2.8.0')
+    monkeypatch.setattr(plan_03, 'probe', lambda: pytest.fail('probed before checking torch'))
+    monkeypatch.setattr(torch, '__version__', '2.8.0+cpu')
+    with pytest.raises(RuntimeError, match='torch>=2.9'):
+        plan_03.setup()
+
+
+def described_timer(machine, cpu_share=0.3):
+    """One `run` on a described machine: a GPU at its rate from n = 2048 up; a CPU lane at
+    `cpu_share` of the all-core probe beside a GPU (the H200 run gave its lane 94 of 331
+    GFLOP/s), or of one core's share on a CPU-only machine. Smaller products run slower."""
+    def timer(n, kind, num_matmuls, threads):
+        rate = (machine.flops if kind == 'cuda' else cpu_share * (
+            machine.host_flops if machine.on_gpu else machine.host_flops / machine.host_cores))
+        rate *= min(1.0, (n / (2048 if kind == 'cuda' else 512)) ** 0.5)
+        return plan_03.run_flops(n, num_matmuls) / rate
+    return timer
+
+
+@pytest.mark.parametrize('name', sorted(hardware.DESCRIBED))
+def test_plan_03_balances_the_lanes_and_fits_the_budget_on_every_described_machine(name):
+    """Issue 24: the CPU lane was sized from the all-core probe and ran at a fraction of it,
+    3.5x the GPU lane. Sized from one timed `run`, the planned lanes, and the lanes as the
+    timer would run them, are within 1.5x of each other, and the plan fits the budget."""
+    m = hardware.DESCRIBED[name]
+    timer = described_timer(m)
+    given = dict.fromkeys(('matrix_size', 'cpu_matrix_size'))
+    plan, rates = plan_03.sized_lanes(m, 50, given, timer=timer, threads=m.host_cores)
+    lanes = plan['lane_s']
+    assert max(lanes) <= 1.5 * min(lanes), (name, lanes)
+    sizes = [plan['cpu_matrix_size'] if kind == 'cpu' else plan['matrix_size']
+             for kind in plan_03.lane_kinds(m)]
+    ran = [timer(n, kind, 50, 1) for n, kind in zip(sizes, plan_03.lane_kinds(m))]
+    assert max(ran) <= 1.5 * min(ran), (name, sizes, ran)
+    assert plan.seconds <= sizing.budget('03', m), (name, plan)
+    assert plan.host_bytes <= 0.35 * m.host_memory and plan.device_bytes <= 0.8 * m.memory
+    probed = plan_03.plan_for(m)['lane_s']  # before any run is timed, too
+    assert max(probed) <= 1.5 * min(probed), (name, probed)

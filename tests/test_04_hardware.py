@@ -16,6 +16,7 @@ import torch
 
 import caches
 import hardware
+import parameters
 import plan_04
 import roofline
 import sizing
@@ -150,13 +151,19 @@ GPU_RATES = {'colab-t4': {'float64': 2.5e11, 'float32': 4.5e12, 'float16': 2.5e1
                       'float16': 6e14}}
 
 
-@pytest.mark.parametrize('machine_name, rates', [
-    ('cpu-2core', SLOW_HALF_CPU), ('cpu-2core', None),
-    ('colab-t4', GPU_RATES['colab-t4']), ('colab-t4', None),
-    ('h100', GPU_RATES['h100']), ('h100', None)])
-def test_plan_04_fits_the_budgets_of_described_machines(machine_name, rates):
+GPU_RATES['8xh100'] = GPU_RATES['h100']
+L2_BYTES = {'colab-t4': 4 * 2**20, 'h100': 50 * 2**20, '8xh100': 50 * 2**20}
+
+
+@pytest.mark.parametrize('rates_given', [True, False])
+@pytest.mark.parametrize('llc_mib', [32, 480])
+@pytest.mark.parametrize('machine_name', sorted(hardware.DESCRIBED))
+def test_plan_04_fits_the_budgets_of_described_machines(machine_name, llc_mib, rates_given):
     machine = hardware.DESCRIBED[machine_name]
-    plan = plan_04.plan_for(machine, rates, llc_bytes=32 * 2**20, gpu_l2_bytes=50 * 2**20)
+    rates = (GPU_RATES.get(machine_name, SLOW_HALF_CPU) if rates_given else None)
+    llc = llc_mib * 2**20
+    plan = plan_04.plan_for(machine, rates, llc_bytes=llc, gpu_l2_bytes=L2_BYTES.get(machine_name),
+                            l2_bytes=2**21)
     limit = sizing.budget('04', machine)
     # a CPU run leaves room for the kernel start and the sections no parameter sizes
     assert plan.seconds <= (0.75 if not machine.on_gpu else 1) * limit, (plan.seconds, plan)
@@ -169,11 +176,18 @@ def test_plan_04_fits_the_budgets_of_described_machines(machine_name, rates):
         short = 2 * n**3 / measured[p] <= plan_04.MATMUL_CALL_S_04[kind]
         assert short or n == plan_04.MATMUL_SIZES_04[-1], (p, n)
         assert n <= plan_04.MATMUL_BOOK_04[kind]
-    assert plan['max_working_set_mb'] * 2**20 >= 4 * 32 * 2**20
-    assert plan['bandwidth_mb'] * 2**20 >= 4 * 32 * 2**20
+    # past the last-level cache, unless the host cannot hold such buffers (then the largest)
+    twice = plan_04._host_bytes(machine, 2 * plan['bandwidth_mb'], plan['max_working_set_mb'])
+    for key in ('max_working_set_mb', 'bandwidth_mb'):
+        assert plan[key] * 2**20 >= 4 * llc or twice > 0.75 * machine.host_memory, (key, plan)
     assert plan['thread_counts'][0] == 1 and plan['thread_counts'][-1] == machine.host_cores
     assert plan['exercise_mb'] <= plan['bandwidth_mb']
-    assert plan.why
+    # the cache roof reads a buffer well inside the cache, for at least CACHE_CALL_S_04 a call
+    cache, reads = plan['cache_read_bytes'], plan['cache_reads']
+    inside = L2_BYTES[machine_name] / 2 if machine.on_gpu else machine.host_cores * 2**21 / 2
+    assert 0 < cache <= inside, (cache, inside)
+    bound = plan_04.CACHE_GBS_BOUND_04[kind] * (1 if machine.on_gpu else machine.host_cores)
+    assert reads * cache / bound >= plan_04.CACHE_CALL_S_04
 
 
 def test_plan_04_sizes_each_precision_by_its_own_rate():
@@ -187,11 +201,12 @@ def test_plan_04_sizes_each_precision_by_its_own_rate():
 
 def test_plan_04_skips_tf32_and_bf16_below_compute_capability_8():
     t4 = hardware.DESCRIBED['colab-t4']
-    names, why = plan_04.precisions_04(t4)
-    assert 'tf32' not in names and 'bfloat16' not in names and '7.5' in why
+    names, skipped = plan_04.precisions_04(t4)
+    assert 'tf32' not in names and 'bfloat16' not in names
+    assert skipped == ['tf32', 'bfloat16']
     assert set(plan_04.plan_for(t4)['matmul_sizes']) == set(names)
-    names, why = plan_04.precisions_04(hardware.DESCRIBED['h100'])
-    assert {'tf32', 'bfloat16'} <= set(names) and not why
+    names, skipped = plan_04.precisions_04(hardware.DESCRIBED['h100'])
+    assert {'tf32', 'bfloat16'} <= set(names) and not skipped
 
 
 def test_plan_04_sizes_memory_from_the_last_level_cache():
@@ -202,6 +217,23 @@ def test_plan_04_sizes_memory_from_the_last_level_cache():
     assert small_llc['max_working_set_mb'] == 32 and small_llc['bandwidth_mb'] == 64
     t4 = plan_04.plan_for(hardware.DESCRIBED['colab-t4'], GPU_RATES['colab-t4'])
     assert t4['bandwidth_mb'] >= 1024  # far past a GPU's L2, and long enough to time
+
+
+def test_plan_04_cache_read_is_half_of_each_cores_l2_on_a_cpu():
+    cpu = hardware.DESCRIBED['cpu-16core']
+    shared = plan_04.plan_for(cpu, l2_bytes=2**21, l2_shared_by=2)  # SMT siblings share an L2
+    alone = plan_04.plan_for(cpu, l2_bytes=2**21, l2_shared_by=1)
+    assert shared['cache_read_bytes'] == 8 * 2**20 and alone['cache_read_bytes'] == 16 * 2**20
+
+
+def test_04_refuses_an_older_torch_and_unknown_parameters():
+    with pytest.raises(RuntimeError, match='2.9'):
+        parameters.check_torch(*plan_04.MIN_TORCH, installed='2.8.0')
+    assert parameters.check_torch(*plan_04.MIN_TORCH, installed='2.13.0')
+    with pytest.raises(ValueError, match='matmul_sise'):
+        plan_04.setup(matmul_sise=1024)
+    with pytest.raises(ValueError, match='repeats'):
+        plan_04.setup(repeats=0)
 
 
 def test_plan_04_refuses_rates_that_are_not_positive():
@@ -220,6 +252,12 @@ def test_04_cache_steps_and_the_roofline_are_read_as_measured(results):
     if steps:
         assert reading['bytes'] == steps[-1]['after']
     # notebook 04 says float32's roof is borrowed only on a CPU, and only where it is
+    roof = results['roofline']
+    assert isinstance(roof['cache_roof'], bool) and roof['cache_gbs'] > 0
+    assert roof['cache_reads'] >= 1
+    assert roof['dram_gbs'] == max(roof['streams_gbs'].values())
+    threads = results['threads_gflops']
+    assert threads[str(results['threads_best'])] == max(threads.values())
     borrowed = results['roofline']['borrowed_roof']
     if ON_GPU:
         assert borrowed == []
@@ -278,6 +316,19 @@ def test_roofline_bound_and_equal_roofs():
     grouped = roofline.shared_roofs({'float64': 67e3, 'float32': 67e3, 'bfloat16': 989e3,
                                      'float16': None})
     assert grouped == {67e3: ['float64', 'float32'], 989e3: ['bfloat16']}
+
+
+@pytest.mark.parametrize('cache', [(400.0, 'cache'), None])
+def test_roofline_is_drawn_with_or_without_a_cache_roof(cache):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig = roofline.draw({'float32': 100.0, 'bfloat16': None}, {'dot product': (0.25, 5.0),
+                        'matmul float32': (300.0, 80.0)}, (40.0, 'memory'), cache, 'test',
+                        kernels=['dot product'])
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert ('cache' in labels) == (cache is not None) and 'memory' in labels
+    plt.close(fig)
 
 
 def test_scratch_file_is_read_and_removed():

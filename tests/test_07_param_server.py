@@ -2,6 +2,7 @@
 SGD and hierarchical servers on real processes, its plan, and its recorded default run."""
 import multiprocessing
 import random
+import re
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import allreduce as ar
 import hardware
 import launch
 import param_server as ps
+import parameters
 import plan_07
 import sizing
 
@@ -142,16 +144,46 @@ def test_ring_needs_two_processes_and_picks_segments_by_size():
     assert ar.ring_segments(10, 4, 4) == 1 and ar.ring_segments(2**30, 4, 2) == 16
 
 
-@pytest.mark.parametrize('name', ['colab-t4', 'h100', 'cpu-2core'])
+@pytest.mark.parametrize('name', sorted(hardware.DESCRIBED))
 @pytest.mark.parametrize('on_cluster', [False, True])
-def test_plan_07_fits_the_budget(name, on_cluster):
+def test_plan_07_fits_the_budget_on_every_described_machine(name, on_cluster):
+    """Every process runs on the CPU, GPUs or not: the plan must fit the CPU's budget there."""
     machine = hardware.DESCRIBED[name]
     plan = plan_07.plan_for(machine, cluster=on_cluster)
-    assert plan.seconds <= sizing.budget('07', machine)
+    cpu = hardware.on_device(machine, torch.device('cpu'))
+    assert plan.seconds <= sizing.budget('07', cpu) <= sizing.budget('07', machine)
     assert plan['message_mb'] == 64 and plan['race_repeats'] >= 3
     assert plan.host_bytes < machine.host_memory / 2
-    assert str(plan['message_mb']) in str(plan) and ('Mbit/s' in str(plan)) == on_cluster
+    assert all(isinstance(v, int) for v in plan.values.values())  # numbers; the why is Markdown
     assert plan_07.plan_for(machine, message_mb=16, race_repeats=3)['message_mb'] == 16
+
+
+def test_plan_07_declares_its_parameters_and_torch():
+    names = [p.name for p in plan_07.PARAMETERS]
+    assert {'threads_per_rank', 'results_dir', 'link_mbit'} <= set(names)
+    assert len(names) == len(set(names)) and set(plan_07.MEANING) == set(names)
+    with pytest.raises(RuntimeError, match=r'torch>=2\.9 .*torch 2\.8\.0'):
+        parameters.check_torch(*plan_07.MIN_TORCH, installed='2.8.0')
+    assert parameters.check_torch(*plan_07.MIN_TORCH, installed='2.9.1') == '2.9.1'
+    for bad, message in [({'threads_per_rank': 0}, 'threads_per_rank must be an integer >= 1'),
+                         ({'max_processes': 1}, 'max_processes must be an integer >= 2'),
+                         ({'link_delay_ms': 1000}, 'link_delay_ms must be a number of milli'),
+                         ({'severs': 2}, "unknown parameter(s) ['severs']")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            plan_07.setup(None, **bad)  # refused before the cluster or the machine is probed
+
+
+def test_cluster_run_workers_passes_threads_per_rank_on(monkeypatch):
+    """Every worker run of notebook 07 takes threads_per_rank, on emulated hosts too."""
+    import types
+
+    import cluster
+    seen = {}
+    monkeypatch.setattr(launch, 'run_workers', lambda fn, n, *args, **kw: seen.update(kw))
+    hosts = [cluster.Host(f'h{i}', f'10.12.0.{i + 1}', 'eth0') for i in range(2)]
+    fake = types.SimpleNamespace(_check_open=lambda: None, hosts=hosts)
+    cluster.run_workers(fake, print, 4, ranks_per_host=2, threads_per_rank=3)
+    assert seen['threads_per_rank'] == 3 and len(seen['placement']) == 4
 
 
 # ------------------------------------------------------------------ real processes
@@ -246,10 +278,11 @@ def test_bad_configs_are_refused():
     ({'segment_counts': [0, 4]}, 'each of segment_counts must be an integer >= 1'),
     ({'demo_servers': 'two'}, 'demo_servers'),
     ({'use_cluster': 'yes'}, 'use_cluster must be one of'),
-    ({'link_mbit': -5}, 'link_mbit must be a positive number'),
+    ({'link_mbit': -5}, 'link_mbit must be a number >= 1'),
     ({'link_delay_ms': 1000}, 'link_delay_ms must be a number of milliseconds'),
     ({'race_repeats': 0}, 'race_repeats must be an integer >= 1'),
-    ({'demo_servers': []}, 'demo_servers is empty'),
+    ({'demo_servers': []}, 'demo_servers must be a non-empty list'),
+    ({'threads_per_rank': 0}, 'threads_per_rank must be an integer >= 1'),
 ])
 def test_bad_parameters_are_refused(refusal, params, message):
     assert message in (refusal(NB, **params) or '')

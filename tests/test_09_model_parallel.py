@@ -1,5 +1,6 @@
-"""Notebook 09: its workers on real processes (small), the activation meter, the refusals, the
-plan for described machines, the recorded default run, and a run on three processes."""
+"""Notebook 09: its workers on real processes (small, 4 threads a rank), the activation meter,
+the refusals, the plan for described machines, the recorded default run, and a run on three
+processes."""
 import dataclasses
 import math
 import re
@@ -9,10 +10,17 @@ import torch
 
 import hardware
 import launch
-import model_parallel
+import meters
+import parameters
+import pipeline_parallel
 import plan_09
 import sizing
+import tensor_parallel
 import zero
+from pipeline_parallel import PPConfig
+from tensor_parallel import MeshConfig, TPConfig
+
+THREADS = 4  # threads per rank: the equivalence checks, tried with more than one thread
 
 NOTEBOOK = '09_tensor_and_pipeline_parallelism'
 
@@ -20,8 +28,8 @@ NOTEBOOK = '09_tensor_and_pipeline_parallelism'
 def test_saved_activations_counts_what_autograd_keeps_and_frees():
     torch.manual_seed(0)
     tokens, d_model, hidden = 6, 8, 32
-    mlp = model_parallel.MLP(d_model, hidden)
-    meter = model_parallel.SavedActivations(mlp.parameters())
+    mlp = tensor_parallel.MLP(d_model, hidden)
+    meter = meters.SavedActivations(mlp.parameters())
     x = torch.randn(tokens, d_model, requires_grad=True)
     with meter:
         y = mlp(x)
@@ -30,7 +38,7 @@ def test_saved_activations_counts_what_autograd_keeps_and_frees():
     y.sum().backward()
     assert meter.live == 0 and meter.peak == 4 * tokens * (d_model + 2 * hidden)
     net = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(d_model, 1))
-    meter = model_parallel.SavedActivations(net.parameters())
+    meter = meters.SavedActivations(net.parameters())
     with meter:  # a tensor saved twice (ReLU's output, then the next layer's input) counts once
         z = net(x)
     assert meter.live == 4 * tokens * d_model
@@ -39,11 +47,12 @@ def test_saved_activations_counts_what_autograd_keeps_and_frees():
 
 
 def test_tensor_parallel_worker_matches_one_process_and_megatron_on_three_ranks():
-    cfg = {'d_model': 8, 'hidden': 24, 'batch': 2, 'seq': 6}
+    cfg = TPConfig(d_model=8, hidden=24, tp_batch=2, tp_seq=6)
     t = 3
-    results = launch.run_workers(model_parallel.tp_worker, t, cfg, timeout=120)
-    tokens = cfg['batch'] * cfg['seq']
-    megatron = 2 * 2 * (t - 1) / t * 4 * tokens * cfg['d_model']
+    results = launch.run_workers(tensor_parallel.tp_worker, t, cfg, timeout=120,
+                                 threads_per_rank=THREADS)
+    tokens = cfg.tp_batch * cfg.tp_seq
+    megatron = 2 * 2 * (t - 1) / t * 4 * tokens * cfg.d_model
     for r in results:
         for dtype, tolerance in (('float32', 1e-5), ('float64', 1e-12)):
             for way in ('by_hand', 'library'):
@@ -53,10 +62,11 @@ def test_tensor_parallel_worker_matches_one_process_and_megatron_on_three_ranks(
             run = r['float32'][way]
             assert run['counted_bytes'] == pytest.approx(megatron)
             assert sum(run['collectives'].values()) == 2  # g forward, f backward
-            assert run['activation_bytes'] == 4 * tokens * (cfg['d_model'] + 2 * cfg['hidden'] / t)
+            assert run['activation_bytes'] == 4 * tokens * (cfg.d_model + 2 * cfg.hidden / t)
             assert run['wire_bytes'] >= run['counted_bytes']
-    sp = launch.run_workers(model_parallel.tp_worker, t, {**cfg, 'sequence_parallel': True},
-                            timeout=120)[0]
+    sp = launch.run_workers(tensor_parallel.tp_worker, t,
+                            dataclasses.replace(cfg, sequence_parallel=True), timeout=120,
+                            threads_per_rank=THREADS)[0]
     assert sp['sequence parallel']['gradient_diff'] <= 1e-5
     assert sp['sequence parallel']['counted_bytes'] == pytest.approx(megatron)
     assert sp['sequence parallel']['activation_bytes'] < sp['tensor parallel']['activation_bytes']
@@ -64,29 +74,33 @@ def test_tensor_parallel_worker_matches_one_process_and_megatron_on_three_ranks(
 
 def test_pipeline_worker_keeps_the_schedules_activations_and_the_single_process_gradients():
     p, ms = 2, (2, 4)
-    cfg = {'width': 32, 'batch': 16, 'microbatches': ms, 'steps': 1}
-    results = launch.run_workers(model_parallel.pp_worker, p, cfg, timeout=120)
+    cfg = PPConfig(pp_width=32, pp_batch=16, microbatches=ms, pp_steps=1)
+    results = launch.run_workers(pipeline_parallel.pp_worker, p, cfg, timeout=120,
+                                 threads_per_rank=THREADS)
+    layers = results[0]['layers']
+    assert layers == cfg.layers_per_rank * p
+    bound = {dtype: pipeline_parallel.tolerance(dtype, layers) for dtype in ('float32', 'float64')}
     for kind in ('gpipe', '1f1b'):
         for m in ms:
             peaks = [r[kind][m]['peak_bytes'] / r[kind][m]['microbatch_bytes'] for r in results]
             # GPipe keeps every micro-batch; 1F1B p - s at stage s, however large m is
             assert peaks == ([m] * p if kind == 'gpipe' else [p - s for s in range(p)])
-            assert results[0][kind][m]['loss_diff'] <= 1e-5
-            assert results[0][kind][m]['gradient_diff'] <= 1e-5
+            assert results[0][kind][m]['loss_diff'] <= bound['float32']
+            assert results[0][kind][m]['gradient_diff'] <= bound['float32']
             assert sum(r[kind][m]['stages_with_gradients'] for r in results) == 2 * 4 * p
             owners = sorted(i for r in results for i in r[kind][m]['parameters_with_gradients'])
             assert owners == list(range(2 * 4 * p))  # each parameter on exactly one rank
-            assert len(results[0][kind][m]['events']) == cfg['steps']
+            assert len(results[0][kind][m]['events']) == cfg.pp_steps
             for rank, r in enumerate(results):  # (start, end, pass, stage): rank r runs stage r
                 for e in r[kind][m]['events'][0]:
                     assert e[0] <= e[1] and e[2] in 'FB' and e[3] == rank
-        assert results[0]['float64'][kind]['gradient_diff'] <= 1e-12
+        assert results[0]['float64'][kind]['gradient_diff'] <= bound['float64']
     assert set(results[0]['by_hand']) == set(ms) and results[1]['by_hand'][ms[0]]
     assert all(results[0]['message_s'][m] > 0 and results[0]['schedule_s'][m] > 0 for m in ms)
-    inter = launch.run_workers(model_parallel.pp_worker, p, {
-        **cfg, 'schedules': ('interleaved',), 'virtual_stages': 2, 'microbatches': (4,),
-        'extras': False}, timeout=120)
-    assert inter[0]['interleaved'][4]['gradient_diff'] <= 1e-5
+    inter = launch.run_workers(pipeline_parallel.pp_worker, p, dataclasses.replace(
+        cfg, schedules=('interleaved',), virtual_stages=2, microbatches=(4,), extras=False),
+        timeout=120, threads_per_rank=THREADS)
+    assert inter[0]['interleaved'][4]['gradient_diff'] <= bound['float32']
     for rank, r in enumerate(inter):  # v = 2 stages a rank: r and r + p, each run m times
         stages = [e[3] for e in r['interleaved'][4]['events'][0]]
         assert {s: stages.count(s) for s in stages} == {rank: 2 * 4, rank + p: 2 * 4}
@@ -94,9 +108,9 @@ def test_pipeline_worker_keeps_the_schedules_activations_and_the_single_process_
 
 def test_mesh_worker_matches_one_process_and_the_papers_counts():
     dp, tp, hidden, batch = 2, 2, 32, 8
-    results = launch.run_workers(model_parallel.mesh_worker, dp * tp, {
-        'mesh_shape': (dp, tp), 'hidden': hidden, 'batch_per_rank': batch, 'timed_steps': 1},
-        timeout=180)
+    results = launch.run_workers(tensor_parallel.mesh_worker, dp * tp, MeshConfig(
+        mesh_shape=(dp, tp), hidden=hidden, batch_per_rank=batch, timed_steps=1), timeout=180,
+        threads_per_rank=THREADS)
     k, psi = dp * tp, results[0]['parameters']
     psi_tp = sum(results[d * tp]['layouts']['fsdp_tp']['local_parameters'] for d in range(dp))
     assert psi / tp < psi_tp < psi / tp + 2 * hidden + zero.DEFAULTS['classes']
@@ -124,7 +138,8 @@ def test_mesh_worker_matches_one_process_and_the_papers_counts():
     ({'num_gpus': 4, 'tp_degree': 2, 'mesh_shape': [1, 3], 'hidden': 64},
      r'hidden=64 does not divide into 3 equal parts: .* mesh_shape'),
     ({'pp_stages': 2, 'microbatches': [1, 4]}, 'each of microbatches must be at least pp_stages=2'),
-    ({'microbatches': []}, 'microbatches is empty'),
+    ({'microbatches': []}, 'microbatches must be a non-empty list'),
+    ({'threads_per_rank': 0}, 'threads_per_rank must be an integer >= 1'),
     ({'microbatches': [0]}, 'each of microbatches must be an integer >= 1'),
     ({'pp_width': 0}, 'pp_width must be an integer >= 1'),
     ({'pp_steps': 0}, 'pp_steps must be an integer >= 1'),
@@ -141,32 +156,76 @@ def test_notebook_accepts_any_process_count_and_lists_as_text(refusal):
     assert refusal(NOTEBOOK, num_gpus=4, mesh_shape='[2, 2]', microbatches='[2, 6]') is None
 
 
-@pytest.mark.parametrize('name', ['cpu-2core', 'colab-t4', 'h100', '8xh100'])
+@pytest.mark.parametrize('name', sorted(hardware.DESCRIBED))
 @pytest.mark.parametrize('k', [1, 2, 3, 4, 8])
 def test_plan_09_fits_the_described_machines(name, k):
-    machine = (dataclasses.replace(hardware.DESCRIBED['h100'], gpus=8) if name == '8xh100'
-               else hardware.DESCRIBED[name])
+    machine = hardware.DESCRIBED[name]
     plan = plan_09.plan_for(machine, k)
     dp, mesh_tp = plan['mesh_shape']
-    t, p = plan['tp_degree'], plan['pp_stages']
+    t, p, ms = plan['tp_degree'], plan['pp_stages'], plan['microbatches']
     assert t == k and dp * mesh_tp == k and plan['hidden'] % math.lcm(t, mesh_tp) == 0
-    assert min(plan['microbatches']) >= p and plan['tp_seq'] % t == 0
-    on_gpus = machine.on_gpu and machine.gpus >= k
-    assert plan['backend'] == ('nccl' if on_gpus else 'gloo')
-    if not on_gpus:  # a stage computes beside the others only on a core of its own
+    assert min(ms) >= p and plan['tp'].tp_seq % t == 0
+    assert plan['pp'].pp_batch % math.lcm(*ms) == 0 and plan['pp'].pp_steps == 3
+    gpus = machine.gpus if machine.on_gpu else 0
+    for lesson, ranks in (('tp', t), ('pp', p), ('mesh', k)):
+        cfg = plan[lesson]
+        if gpus >= ranks:  # a GPU each: nccl
+            assert (cfg.device, cfg.backend) == ('cuda', 'nccl'), lesson
+        else:  # ranks share GPUs through gloo, except the pipeline's (gloo's send takes CPU)
+            shared = gpus > 0 and lesson != 'pp'
+            assert (cfg.device, cfg.backend) == (('cuda' if shared else 'cpu'), 'gloo'), lesson
+    if plan['pp'].device == 'cpu':  # a stage computes beside the others only on a core of its own
         assert p == min(k, machine.host_cores)
     assert plan.seconds <= sizing.budget('09', machine) and plan.host_bytes < machine.host_memory
-    assert plan.device_bytes <= machine.memory / 4
+    assert plan.device_bytes <= machine.memory / 2
+    idle = [plan['idle_model'][m] for m in ms]
+    bubble = [plan['bubble'][m] for m in ms]
+    assert all(0 <= b <= i < 1 for b, i in zip(bubble, idle))
+    if p >= 2:  # the lesson: the modelled idle share falls as m grows, at the sizes chosen
+        assert all(a - b >= 0.01 for a, b in zip(idle, idle[1:])), idle
     if k >= 4 and k % 2 == 0:
         assert (dp, mesh_tp) == (2, k // 2)  # FSDP and TP both at least 2
+
+
+def test_plan_09_uses_the_gpu_budget_for_cpu_stages_on_a_gpu_machine():
+    h100, cpu = hardware.DESCRIBED['h100'], hardware.DESCRIBED['cpu-16core']
+    on_gpu, on_cpu = plan_09.plan_for(h100, 4), plan_09.plan_for(cpu, 4)
+    assert on_gpu['pp'].device == 'cpu' and on_gpu['limit_s'] > on_cpu['limit_s']
+    assert on_gpu['pp_width'] >= on_cpu['pp_width']
+
+
+def test_plan_09_builds_each_worker_config_from_the_parameters():
+    plan = plan_09.plan_for(hardware.DESCRIBED['cpu-2core'], 2, pp_steps=5, pp_width=96,
+                            collective_timeout=30, microbatches=[2, 6])
+    assert plan['pp'].pp_steps == 5 and plan['pp'].pp_width == 96
+    assert plan['pp'].microbatches == (2, 6) and plan['pp'].pp_batch % 6 == 0
+    assert {plan[x].collective_timeout for x in ('tp', 'pp', 'mesh')} == {30}
+    assert plan['pp'].layers_per_rank == PPConfig.layers_per_rank
+
+
+def test_pipeline_tolerance_grows_with_depth():
+    assert pipeline_parallel.tolerance('float32', 4) == 1e-5  # the floor
+    assert pipeline_parallel.tolerance('float32', 16) > 5.0e-6 * 4  # 16 blocks reached 5.0e-6
+    assert pipeline_parallel.tolerance('float32', 32) == pytest.approx(
+        2 * pipeline_parallel.tolerance('float32', 16))
+    assert pipeline_parallel.tolerance('float64', 16) == 1e-12
+
+
+def test_an_older_torch_is_refused_by_name():
+    with pytest.raises(RuntimeError, match=r'torch>=2\.10 .*pipelining.*torch 2\.9\.0'):
+        parameters.check_torch(*plan_09.MIN_TORCH, installed='2.9.0')
+    assert parameters.check_torch(*plan_09.MIN_TORCH, installed='2.10.1+cu128')
 
 
 def test_default_run_meets_the_issue(default_run):
     _, r = default_run(NOTEBOOK)
     p, ms = r['pp_stages'], [str(m) for m in r['microbatches']]
     assert r['mesh_shape'] == [2, 2] and r['tp_degree'] == 4
-    for key in ('tp_max_diff', 'pp_max_diff', 'mesh_max_diff'):
-        assert r[key] <= 1e-5 and r[f'{key}_float64'] <= 1e-12, key
+    bound = {'tp_max_diff': (1e-5, 1e-12), 'mesh_max_diff': (1e-5, 1e-12),
+             'pp_max_diff': (r['pp_tolerance']['float32'], r['pp_tolerance']['float64'])}
+    for key, (float32, float64) in bound.items():
+        assert r[key] <= float32 and r[f'{key}_float64'] <= float64, key
+    assert set(r['placement']) == {'tp', 'pp', 'mesh'}
     tp = r['tp_bytes_per_step']
     assert tp['model'] > 0 and abs(tp['measured'] - tp['model']) <= 0.03 * tp['model']
     peaks = r['pp_peak_activations']
@@ -187,7 +246,9 @@ def test_default_run_meets_the_issue(default_run):
 def test_notebook_runs_on_three_processes(run_notebook):
     r = run_notebook(NOTEBOOK, num_gpus=3, hidden=48, pp_width=128, pp_steps=1)
     assert r['tp_degree'] == 3 and r['mesh_shape'] == [1, 3]  # no 2-D mesh has 3 ranks
-    assert r['pp_stages'] == min(3, hardware.probe().host_cores)
-    for key in ('tp_max_diff', 'pp_max_diff', 'mesh_max_diff'):
+    if r['placement']['pp'][0] == 'cpu':
+        assert r['pp_stages'] == min(3, hardware.probe().host_cores)
+    assert r['pp_max_diff'] <= r['pp_tolerance']['float32']
+    for key in ('tp_max_diff', 'mesh_max_diff'):
         assert r[key] <= 1e-5 and r[f'{key}_float64'] <= 1e-12, key
     assert r['tp_bytes_per_step']['measured'] == pytest.approx(r['tp_bytes_per_step']['model'])
