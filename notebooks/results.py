@@ -34,7 +34,7 @@ def record(name, results, results_dir=None):
     Each section records its own numbers where it measures them: the file holds everything
     this process (the notebook's kernel) has recorded under `name` so far, and a new kernel
     starts the file afresh, so a number from an earlier run never survives into this one.
-    Returns nothing, so that a cell ending in it displays nothing."""
+    It prints and returns nothing: a section that records shows only its own numbers."""
     directory = Path(results_dir) if results_dir is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f'{name}.json'
@@ -48,4 +48,3 @@ def record(name, results, results_dir=None):
     with os.fdopen(fd, 'w') as f:
         json.dump(payload, f, indent=2)
     os.replace(tmp, path)  # readers never see a half-written file
-    print(f'recorded {", ".join(_jsonable(results))} ({len(so_far)} results in {path.name})')
