@@ -380,6 +380,22 @@ def span(values):
     return f'{min(values):.2f} to {max(values):.2f}'
 
 
+def ratio_range(before, after):
+    """The smallest and largest before / after that two sets of repeats allow: the fastest
+    `before` over the slowest `after`, and the slowest over the fastest."""
+    return min(before) / max(after), max(before) / min(after)
+
+
+def range_word(value, lo, hi):
+    """Where `value` (a model's ratio) lies against the range [lo, hi] the repeats allow:
+    'within', 'above' or 'below'."""
+    if value < lo:
+        return 'below'
+    if value > hi:
+        return 'above'
+    return 'within'
+
+
 def model_word(check):
     """A stats.against_model result as one word for a table: 'agrees' (within its tolerance),
     'above' or 'below' the model."""

@@ -63,51 +63,6 @@ def _chase_in_python(chain, i, steps):
     return i
 
 
-def steps(sizes, per_read, jump=1.5):
-    """(last size before, first size after) of each step of a per-read cost curve: a rise of
-    more than `jump` times from one working set to the next, a run of such rises counting as
-    one step."""
-    found = []
-    for i in range(1, len(per_read)):
-        if per_read[i] / per_read[i - 1] > jump:
-            if found and found[-1][1] == sizes[i - 1]:
-                found[-1] = (found[-1][0], sizes[i])
-            else:
-                found.append((sizes[i - 1], sizes[i]))
-    return found
-
-
-def nearest_cache(before, after, caches):
-    """(level, factor): the reported cache whose size is nearest the step's middle (the
-    geometric mean of its two sizes), and how many times apart they are; (None, inf) when no
-    cache size is known."""
-    middle = math.sqrt(before * after)
-    return min(((name, max(size, middle) / min(size, middle)) for name, size in caches.items()),
-               key=lambda x: x[1], default=(None, math.inf))
-
-
-def name_steps(sizes, per_read, caches, within=2.0):
-    """Each step of the curve as {'before', 'after', 'level', 'meaning', 'cost_before',
-    'cost_after'}: `level` is the reported cache within `within` times of the step, or None
-    (no reported size explains it; this module does not guess what does)."""
-    named = []
-    for before, after in steps(sizes, per_read):
-        level, off = nearest_cache(before, after, caches)
-        matched = level if off <= within else None
-        named.append({'before': before, 'after': after, 'level': matched,
-                      'meaning': matched or 'no reported cache within 2x',
-                      'cost_before': per_read[sizes.index(before)],
-                      'cost_after': per_read[sizes.index(after)]})
-    return named
-
-
-def past_last_step(sizes, steps_found):
-    """The first working set past the last step of a per-read cost curve (`steps_found`, as
-    name_steps gives them), from which on the cost has no further step; the largest working
-    set when the curve has no step at all."""
-    return steps_found[-1]['after'] if steps_found else sizes[-1]
-
-
 def at(sizes, curve, size):
     """The curve's value at the measured working set nearest `size` (on a log scale)."""
     return curve[min(range(len(sizes)), key=lambda i: abs(math.log(sizes[i] / size)))]
@@ -141,3 +96,51 @@ def plot_curves(sizes, seq_gbs, dependent_s, independent_s, caches):
             ax.text(size, ax.get_ylim()[1], f' {name}', fontsize=7, ha='left', va='top')
     fig.tight_layout()
     return fig
+
+
+# ---- saved from 04_hardware.ipynb by make export: edit the notebook
+def steps(sizes, per_read, jump=1.5):
+    """(last size before, first size after) of each step of a per-read cost curve: a rise of
+    more than `jump` times from one working set to the next, a run of rises counting as one."""
+    found = []
+    for i in range(1, len(per_read)):
+        if per_read[i] / per_read[i - 1] > jump:
+            if found and found[-1][1] == sizes[i - 1]:
+                found[-1] = (found[-1][0], sizes[i])
+            else:
+                found.append((sizes[i - 1], sizes[i]))
+    return found
+
+
+def nearest_cache(before, after, caches):
+    """(level, factor): the reported cache whose size is nearest the step's middle (the
+    geometric mean of its two sizes), and how many times apart they are; (None, inf) when no
+    cache size is known."""
+    middle = math.sqrt(before * after)
+    return min(((name, max(size, middle) / min(size, middle)) for name, size in caches.items()),
+               key=lambda x: x[1], default=(None, math.inf))
+
+
+def name_steps(sizes, per_read, caches, within=2.0):
+    """Each step as {'before', 'after', 'level', 'meaning', 'cost_before', 'cost_after'}:
+    `level` is the reported cache within `within` times of the step, or None."""
+    named = []
+    for before, after in steps(sizes, per_read):
+        level, off = nearest_cache(before, after, caches)
+        matched = None
+        if off <= within:
+            matched = level
+        named.append({'before': before, 'after': after, 'level': matched,
+                      'meaning': matched or 'no reported cache within 2x',
+                      'cost_before': per_read[sizes.index(before)],
+                      'cost_after': per_read[sizes.index(after)]})
+    return named
+
+
+def past_last_step(sizes, steps_found):
+    """The first working set past the curve's last step (`steps_found`, from name_steps);
+    the largest working set when the curve has no step at all."""
+    if not steps_found:
+        return sizes[-1]
+    return steps_found[-1]['after']
+# ---- end of what 04_hardware.ipynb saves

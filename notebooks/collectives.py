@@ -16,36 +16,16 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
-def _nbytes(tensors):
-    tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
-# Bytes one rank sends when a collective runs as a ring (bandwidth-optimal) on k ranks, from
-# the arguments of the c10d operator: the accounting of the ZeRO paper, per rank.
-RING_BYTES = {
-    'c10d.allreduce_': lambda args, k: 2 * (k - 1) / k * _nbytes(args[0]),
-    'c10d._allgather_base_': lambda args, k: (k - 1) * _nbytes(args[1]),
-    'c10d.allgather_': lambda args, k: (k - 1) * _nbytes(args[1]),
-    'c10d._reduce_scatter_base_': lambda args, k: (k - 1) * _nbytes(args[0]),
-    'c10d.reduce_scatter_': lambda args, k: (k - 1) * _nbytes(args[0]),
-    # a pipelined broadcast: the k-1 receivers get S bytes, (k-1) S sent in all, shared
-    'c10d.broadcast_': lambda args, k: (k - 1) / k * _nbytes(args[0]),
-    'c10d.send': lambda args, k: _nbytes(args[0]),
-    # The functional collectives that DTensor, parallelize_module and torch.compile issue
-    # (namespace _c10d_functional): each returns a new tensor instead of filling one in.
-    '_c10d_functional.all_reduce': lambda args, k: 2 * (k - 1) / k * _nbytes(args[0]),
-    '_c10d_functional.all_reduce_coalesced': lambda args, k: 2 * (k - 1) / k * _nbytes(args[0]),
-    '_c10d_functional.all_gather_into_tensor': lambda args, k: (k - 1) * _nbytes(args[0]),
-    '_c10d_functional.all_gather_into_tensor_coalesced':
-        lambda args, k: (k - 1) * _nbytes(args[0]),
-    '_c10d_functional.reduce_scatter_tensor': lambda args, k: (k - 1) / k * _nbytes(args[0]),
-    '_c10d_functional.reduce_scatter_tensor_coalesced':
-        lambda args, k: (k - 1) / k * _nbytes(args[0]),
-    '_c10d_functional.broadcast': lambda args, k: (k - 1) / k * _nbytes(args[0]),
-    # every rank keeps its own chunk and sends the others (even splits)
-    '_c10d_functional.all_to_all_single': lambda args, k: (k - 1) / k * _nbytes(args[0]),
+# The operators' names as a person reads them, for tables
+READABLE = {
+    'c10d.allreduce_': 'all-reduce', 'c10d._allgather_base_': 'all-gather',
+    'c10d.allgather_': 'all-gather (list)', 'c10d._reduce_scatter_base_': 'reduce-scatter',
+    'c10d.reduce_scatter_': 'reduce-scatter (list)', 'c10d.broadcast_': 'broadcast',
+    'c10d.send': 'send', 'c10d.barrier': 'barrier',
+    '_c10d_functional.all_reduce': 'all-reduce', '_c10d_functional.broadcast': 'broadcast',
+    '_c10d_functional.all_gather_into_tensor': 'all-gather',
+    '_c10d_functional.reduce_scatter_tensor': 'reduce-scatter',
+    '_c10d_functional.all_to_all_single': 'all-to-all',
 }
 # Operators of those namespaces that move nothing: receiving (the sender counts the bytes),
 # waiting for a functional collective to finish, and wrapping its result for autograd.
@@ -68,6 +48,39 @@ def group_size(name, args):
 
 
 # ---- saved from 08_sharded_data_parallelism.ipynb by make export: edit the notebook
+def nbytes(tensors):
+    """Bytes of a tensor, or of a list or tuple of them."""
+    tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+# Bytes one rank sends when a collective runs as a ring (bandwidth-optimal) on k ranks, from
+# the arguments of the c10d operator: the accounting of the ZeRO paper, per rank.
+RING_BYTES = {
+    'c10d.allreduce_': lambda args, k: 2 * (k - 1) / k * nbytes(args[0]),
+    'c10d._allgather_base_': lambda args, k: (k - 1) * nbytes(args[1]),
+    'c10d.allgather_': lambda args, k: (k - 1) * nbytes(args[1]),
+    'c10d._reduce_scatter_base_': lambda args, k: (k - 1) * nbytes(args[0]),
+    'c10d.reduce_scatter_': lambda args, k: (k - 1) * nbytes(args[0]),
+    # a pipelined broadcast: the k-1 receivers get S bytes, (k-1) S sent in all, shared
+    'c10d.broadcast_': lambda args, k: (k - 1) / k * nbytes(args[0]),
+    'c10d.send': lambda args, k: nbytes(args[0]),
+    # The functional collectives that DTensor, parallelize_module and torch.compile issue
+    # (namespace _c10d_functional): each returns a new tensor instead of filling one in.
+    '_c10d_functional.all_reduce': lambda args, k: 2 * (k - 1) / k * nbytes(args[0]),
+    '_c10d_functional.all_reduce_coalesced': lambda args, k: 2 * (k - 1) / k * nbytes(args[0]),
+    '_c10d_functional.all_gather_into_tensor': lambda args, k: (k - 1) * nbytes(args[0]),
+    '_c10d_functional.all_gather_into_tensor_coalesced':
+        lambda args, k: (k - 1) * nbytes(args[0]),
+    '_c10d_functional.reduce_scatter_tensor': lambda args, k: (k - 1) / k * nbytes(args[0]),
+    '_c10d_functional.reduce_scatter_tensor_coalesced':
+        lambda args, k: (k - 1) / k * nbytes(args[0]),
+    '_c10d_functional.broadcast': lambda args, k: (k - 1) / k * nbytes(args[0]),
+    # every rank keeps its own chunk and sends the others (even splits)
+    '_c10d_functional.all_to_all_single': lambda args, k: (k - 1) / k * nbytes(args[0]),
+}
+
+
 class CollectiveCounter(TorchDispatchMode):
     """While active, counts the collectives this process calls and the bytes each sends
     (RING_BYTES). Every torch.distributed operation passes the dispatcher, so this sees

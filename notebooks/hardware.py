@@ -152,14 +152,42 @@ def cpu_info():
 
 # ------------------------------------------------------------- are they two cores?
 # ---- saved from 04_hardware.ipynb by make export: edit the notebook
-def _throughput(work, threads, seconds):
-    """Calls of work() per second, summed over `threads` Python threads running it at once.
-    Each thread asks for one intra-op thread itself: OpenMP's thread count is per thread, so
-    the caller's setting would not bind it. The work releases the interpreter lock."""
+def _cpus_in(cpu_list):
+    """'0-3,8' -> {0, 1, 2, 3, 8} (a sysfs cpu list)."""
+    cpus = set()
+    for part in filter(None, cpu_list.strip().split(',')):
+        lo, _, hi = part.partition('-')
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def smt_pair():
+    """Two logical CPUs that the OS lists as SMT siblings of one core and this process may run
+    on; None where it lists none, or cannot pin a thread (no os.sched_setaffinity)."""
+    if not hasattr(os, 'sched_setaffinity'):
+        return None
+    allowed = os.sched_getaffinity(0)
+    for cpu in sorted(allowed):
+        with contextlib.suppress(OSError, ValueError):
+            listed = (SYS_CPU / f'cpu{cpu}' / 'topology' / 'thread_siblings_list').read_text()
+            siblings = sorted(_cpus_in(listed) & allowed)
+            if len(siblings) >= 2:
+                return siblings[:2]
+    return None
+
+
+def _throughput(work, threads, seconds, cpus=None):
+    """Calls of work() per second, summed over `threads` Python threads running it at once,
+    thread i pinned to logical CPU cpus[i] when `cpus` is given (on Linux, pid 0 names the
+    calling thread). Each thread asks for one intra-op thread itself: OpenMP's thread count
+    is per thread. The work releases the interpreter lock."""
     counts, stop = [0] * threads, threading.Event()
 
     def loop(i):
         torch.set_num_threads(1)
+        if cpus:
+            with contextlib.suppress(OSError):  # a CPU taken away meanwhile: run unpinned
+                os.sched_setaffinity(0, {cpus[i]})
         while not stop.is_set():
             work()
             counts[i] += 1
@@ -176,22 +204,20 @@ def _throughput(work, threads, seconds):
 
 def two_thread_scaling(seconds=0.15, repeats=3):
     """{'compute': x, 'latency': y}: how much more two threads got done than one, on work that
-    keeps the FMA units busy (256 x 256 fp32 products) and on work that leaves them idle and
-    waits on branches and loads instead (sorting 65,536 integers, about a millisecond a call).
-    Two cores give about 2 for both; two SMT siblings of one core give about 1 for the first
-    (they share its FMA units) and well above 1 for the second. Medians of `repeats`
-    alternating runs; about 2 x kinds x repeats x `seconds` in all."""
+    keeps the FMA units busy (256 x 256 fp32 products) and on work that waits on branches and
+    loads (sorting 65,536 integers), on one core's SMT siblings where the OS lists them.
+    Medians of `repeats` alternating runs; about 2 x kinds x repeats x `seconds` in all."""
     a = torch.randn(256, 256)
     keys = torch.randint(0, 2**31 - 1, (2**16,), dtype=torch.int32)
     kinds = {'compute': lambda: a @ a, 'latency': lambda: torch.sort(keys)}
-    ratios = {k: [] for k in kinds}
+    ratios, cpus = {k: [] for k in kinds}, smt_pair()
     with helpers.num_threads(1):  # restored afterwards, for every library, by this thread
         for work in kinds.values():
             work()
         for _ in range(repeats):
             for kind, work in kinds.items():
-                one = _throughput(work, 1, seconds)
-                ratios[kind].append(_throughput(work, 2, seconds) / one)
+                one = _throughput(work, 1, seconds, cpus)
+                ratios[kind].append(_throughput(work, 2, seconds, cpus) / one)
     return {k: median(v) for k, v in ratios.items()}
 # ---- end of what 04_hardware.ipynb saves
 

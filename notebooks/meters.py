@@ -2,7 +2,8 @@
 
 * `SavedActivations` counts the bytes autograd keeps for the backward pass (the activations),
   through torch.autograd.graph.saved_tensors_hooks; `Metered` wraps a module in it.
-* `ChunkClock` times every forward and backward chunk a pipeline stage runs.
+* `ChunkClock` times every forward and backward chunk a pipeline stage runs, and (on a CPU)
+  the CPU time its thread got meanwhile.
 * `relative_diff` and `max_over_ranks` turn two results into one number: how far apart they
   are, the largest over the ranks.
 * `join` starts a worker's process group and returns the device its lesson runs on.
@@ -138,13 +139,18 @@ class ChunkClock:
     stream before and after the chunk, time its kernels. (torch.cuda.synchronize around each
     chunk would also wait for the messages in flight on NCCL's own streams, and so hold the
     schedule back.) The events are placed on the host clock through an anchor event recorded
-    at the start of the step, while the GPU was idle."""
+    at the start of the step, while the GPU was idle.
+
+    Beside each chunk's span, the CPU time the calling thread got during it (time.thread_time):
+    on a CPU, the span less that time is time the chunk waited for a core (with several torch
+    threads, the calling thread's share of the work stands for the rest)."""
 
     def __init__(self, device):
-        self.device, self.cuda, self.events = device, device.type == 'cuda', []
+        self.device, self.cuda, self.events, self.cpu = device, device.type == 'cuda', [], []
 
     def start_step(self):
         self.events.clear()
+        self.cpu.clear()
         if self.cuda:
             helpers.synchronize(self.device)  # nothing queued: the anchor runs when recorded
             self.anchor = torch.cuda.Event(enable_timing=True)
@@ -161,9 +167,10 @@ class ChunkClock:
     def wrap(self, method, kind, stage):
         """`method` (a stage's forward_one_chunk or backward_one_chunk), timed."""
         def run(*args, **kwargs):
-            start = self._now()
+            start, cpu = self._now(), time.thread_time()
             result = method(*args, **kwargs)
             self.events.append((start, self._now(), kind, stage))
+            self.cpu.append(time.thread_time() - cpu)
             return result
         return run
 
@@ -174,6 +181,11 @@ class ChunkClock:
         helpers.synchronize(self.device)  # every event has run: elapsed_time needs it
         at = lambda e: self.anchor_s + self.anchor.elapsed_time(e) / 1e3  # ms -> s
         return [(at(start), at(end), kind, stage) for start, end, kind, stage in self.events]
+
+    def cpu_seconds(self):
+        """This step's chunks' CPU time on the calling thread, in the order of intervals();
+        None on a GPU, where a chunk's host time only queues its kernels."""
+        return None if self.cuda else list(self.cpu)
 
     def time(self, stage):
         """Time every chunk `stage` (a PipelineStage) runs from now on."""

@@ -275,8 +275,7 @@ def reduce_at_server(senders, like):
 
 
 def hierarchical_reduction(rank, workers, per, mine):
-    '''A machine's `per` workers add up on its leader, only leaders push to the server (rank
-    `workers`), and leaders hand the sum back.'''
+    '''Each machine's `per` workers add up on its leader, which pushes to the server.'''
     if rank == workers:
         return reduce_at_server(range(0, workers, per), mine)
     out, leader = mine.clone(), rank - rank % per

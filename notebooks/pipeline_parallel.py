@@ -6,8 +6,9 @@ PipeDream-Flush (Narayanan et al., 2021, "Memory-Efficient Pipeline-Parallel DNN
 `pp_worker` checks every schedule against the single-process model, times each stage's work
 (meters.ChunkClock) and counts the activations it keeps (meters.SavedActivations).
 
-The taught code (build_pipeline, pipeline_step) stands in the notebook's cells, and `make
-export` copies it here, between the marker lines; spawned workers import this module.
+The taught code (build_pipeline, pipeline_step, make_stack, run_schedule) stands in the
+notebook's cells, and `make export` copies it here, between the marker lines; spawned workers
+import this module.
 """
 import math
 import time
@@ -63,15 +64,6 @@ LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,),
                 (10,)]  # notebook 05's LeNet, which its by-hand pipeline (pipeline.py) runs
 
 
-def make_stack(width, layers, seed=0):
-    """`layers` equal blocks (Linear, GELU) of `width` units: every stage gets the same layers.
-    GELU, not ReLU: at ReLU's kink float32's rounding can switch a unit off in one computation
-    and on in the other, a real difference in the gradients, not a rounding one."""
-    torch.manual_seed(seed)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU())
-                           for _ in range(layers)])
-
-
 # ---- saved from 09_tensor_and_pipeline_parallelism.ipynb by make export: edit the notebook
 SCHEDULE_CLASSES = {'gpipe': pipelining.ScheduleGPipe, '1f1b': pipelining.Schedule1F1B,
                     'interleaved': pipelining.ScheduleInterleaved1F1B}
@@ -98,10 +90,49 @@ def pipeline_step(schedule, stages, X, y):
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     schedule.step(*([X] if first else []), **({'target': y, 'losses': losses} if last else {}))
     return losses
+
+
+def make_stack(width, layers, seed=0):
+    """`layers` equal blocks (Linear, GELU) of `width` units: every stage gets the same layers.
+    GELU, not ReLU: at ReLU's kink float32's rounding can switch a unit off in one computation
+    and on in the other, a real difference in the gradients, not a rounding one."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU())
+                           for _ in range(layers)])
+
+
+def run_schedule(kind, m, cfg, blocks, X, y, reference, device):
+    """cfg.pp_steps + 1 steps with one schedule and m micro-batches: the first is checked
+    against the single-process model (`reference`), the others are timed. Returns each timed
+    step's chunks (intervals and CPU seconds), this rank's peak activation bytes, and the
+    first step's differences."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    v = cfg.virtual_stages if kind == 'interleaved' else 1  # stages per rank
+    meter = SavedActivations(blocks.parameters())
+    stages, schedule = build_pipeline(blocks, rank, p, v, m, kind, device, meter)
+    clock = ChunkClock(device)
+    for stage in stages:
+        clock.time(stage)
+    out = {'events': [], 'cpu': [], 'peak_bytes': 0}
+    for step in range(cfg.pp_steps + 1):
+        blocks.zero_grad(set_to_none=True)
+        dist.barrier()  # every stage starts the step together
+        clock.start_step()
+        meter.reset_peak()
+        losses = pipeline_step(schedule, stages, X, y)
+        if step == 0:
+            out.update(pipeline_diffs(losses, reference, blocks))
+        else:
+            out['events'].append(clock.intervals())
+            out['cpu'].append(clock.cpu_seconds())
+            out['peak_bytes'] = max(out['peak_bytes'], meter.peak - meter.base)
+    blocks.zero_grad(set_to_none=True)
+    out['microbatch_bytes'] = microbatch_bytes(blocks, rank, p, v, X[:len(X) // m])
+    return out
 # ---- end of what 09_tensor_and_pipeline_parallelism.ipynb saves
 
 
-def _one_microbatch_bytes(blocks, rank, p, v, X):
+def microbatch_bytes(blocks, rank, p, v, X):
     """Activation bytes one micro-batch, X, leaves on this rank's stages."""
     per_stage = len(blocks) // (p * v)
     total = 0
@@ -131,38 +162,7 @@ def _pipeline_inputs(cfg, layers, device, dtype):
     return blocks, X, y, (loss, model)
 
 
-def run_schedule(kind, m, cfg, blocks, X, y, reference, device):
-    """Train cfg.pp_steps + 1 steps (the first is a warm-up) with one schedule and m
-    micro-batches. Returns each timed step's compute intervals, this rank's peak activation
-    bytes, and the differences of the first step's loss and gradients from the
-    single-process model's."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    v = cfg.virtual_stages if kind == 'interleaved' else 1  # stages per rank
-    meter = SavedActivations(blocks.parameters())
-    for block in blocks:
-        block.zero_grad(set_to_none=True)
-    stages, schedule = build_pipeline(blocks, rank, p, v, m, kind, device, meter)
-    clock = ChunkClock(device)
-    for stage in stages:
-        clock.time(stage)
-    out = {'events': [], 'peak_bytes': 0}
-    for step in range(cfg.pp_steps + 1):
-        dist.barrier()
-        clock.start_step()
-        meter.reset_peak()
-        losses = pipeline_step(schedule, stages, X, y)
-        if step == 0:
-            out.update(_pipeline_diffs(losses, reference, blocks))
-        else:
-            out['events'].append(clock.intervals())
-            out['peak_bytes'] = max(out['peak_bytes'], meter.peak - meter.base)
-        for block in blocks:
-            block.zero_grad(set_to_none=True)
-    out['microbatch_bytes'] = _one_microbatch_bytes(blocks, rank, p, v, X[:len(X) // m])
-    return out
-
-
-def _pipeline_diffs(losses, reference, blocks):
+def pipeline_diffs(losses, reference, blocks):
     """Relative differences of the loss (the mean over the micro-batches, on the last stage)
     and of this rank's gradients from the single-process model's, the largest over the ranks;
     and which of the stack's parameters (by position) got a gradient on this rank."""

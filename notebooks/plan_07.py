@@ -148,7 +148,9 @@ def setup(cluster, **given):
     links = f'no emulated hosts: {cluster_why}'
     if cluster_ok:
         links = f'{hosts_needed} emulated hosts, {v["link_mbit"]} Mbit/s, {v["link_delay_ms"]} ms'
-    return Setup([f'Measured: {machine}.', str(plan), links], **v, machine=machine, plan=plan,
+    chosen = ', '.join(f'{k}={value}' for k, value in plan.values.items())
+    return Setup([f'Measured: {machine}.', f'chosen for this machine: {chosen}', links], **v,
+                 machine=machine, plan=plan,
                  cores=os.cpu_count() or 1, group_sizes=sorted({2, v['max_processes']}),
                  cluster_ok=cluster_ok, cluster_why=cluster_why, hosts_needed=hosts_needed,
                  delay_ok=delay_ok, delay_why=delay_why)

@@ -58,6 +58,9 @@ ZERO_CUDA_CONTEXT_S = 2.0       # a process's first CUDA call (its context), on 
 ZERO_LOOPBACK_BYTES_PER_S = 1e9
 ZERO_PROCESS_BYTES = 400 * 2**20  # torch in each process, on the host
 ZERO_CUDA_CONTEXT_BYTES = 500 * 2**20  # each process's CUDA context, on its GPU
+# The main runs' strategies take turns, so all are alive at once: DDP's 16 bytes a parameter
+# for each, and as much again for what a step allocates and frees
+ZERO_ALIVE = len(ZERO_MAIN_STRATEGIES) + 1
 
 
 def zero_parameters(hidden, in_features=100, num_hidden=2, classes=10):
@@ -136,16 +139,18 @@ def plan_for(machine, max_processes=4, device_counts=None):
         psi = zero_parameters(hidden)
         return Plan({'hidden': hidden, 'backend': 'gloo', 'placement': where,
                      'cpu_seconds': run_s(hidden)}, run_s(hidden),
-                    host_bytes=max(counts) * (2 * 16 * psi + ZERO_PROCESS_BYTES))
+                    host_bytes=max(counts) * (ZERO_ALIVE * 16 * psi + ZERO_PROCESS_BYTES))
     gpu_limit = budget('08', machine) * ZERO_CPU_SHARE - ZERO_FIXED_S - exact_s
+    per_gpu = math.ceil(max(counts) / machine.gpus)  # ranks on each GPU
+    gpu_bytes = lambda h: per_gpu * (ZERO_ALIVE * 16 * zero_parameters(h)
+                                     + ZERO_CUDA_CONTEXT_BYTES)
     hidden = largest_fitting(ZERO_GPU_WIDTHS, lambda h: zero_gpu_seconds(machine, runs, h),
-                             gpu_limit)
-    psi, per_gpu = zero_parameters(hidden), math.ceil(max(counts) / machine.gpus)
+                             gpu_limit, gpu_bytes, machine.memory / 2)
+    psi = zero_parameters(hidden)
     seconds = ZERO_FIXED_S + exact_s + zero_gpu_seconds(machine, runs, hidden)
-    # DDP's 16 bytes a parameter, twice over for transient copies, for each rank on a GPU
     return Plan({'hidden': hidden, 'backend': 'nccl' if where == 'nccl' else 'gloo',
                  'placement': where, 'cpu_seconds': exact_s}, seconds,
-                device_bytes=per_gpu * (2 * 16 * psi + ZERO_CUDA_CONTEXT_BYTES),
+                device_bytes=gpu_bytes(hidden),
                 host_bytes=max(counts) * (ZERO_PROCESS_BYTES + 2 * 4 * psi))
 
 

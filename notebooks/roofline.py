@@ -7,19 +7,6 @@ model and the figure.
 import numpy as np
 
 
-def matmul_intensity(n, bytes_per_element):
-    """FLOP per byte of an n x n product with ideal traffic: 2 n^3 operations over A and B read
-    once and C written once (3 n^2 elements)."""
-    return 2 * n / (3 * bytes_per_element)
-
-
-def bound(intensity, peak, bandwidth_gbs):
-    """What the roofline allows a kernel of that intensity, in GFLOP/s (peak in GFLOP/s;
-    None: no flat roof known, only the slope)."""
-    slope = intensity * bandwidth_gbs
-    return slope if peak is None else min(peak, slope)
-
-
 def shared_roofs(roofs):
     """{peak: [names]}: precisions whose roofs are the same number, drawn as one line (a
     precision whose peak is None has no flat roof)."""
@@ -64,3 +51,20 @@ def draw(roofs, points, memory, cache, title, kernels=()):
     ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
+
+
+# ---- saved from 04_hardware.ipynb by make export: edit the notebook
+def matmul_intensity(n, bytes_per_element):
+    """FLOP per byte of an n x n product with ideal traffic: 2 n^3 operations over A and B read
+    once and C written once (3 n^2 elements)."""
+    return 2 * n / (3 * bytes_per_element)
+
+
+def bound(intensity, peak, bandwidth_gbs):
+    """What the roofline allows a kernel of that intensity, in GFLOP/s (peak in GFLOP/s;
+    None: no flat roof known, only the slope)."""
+    slope = intensity * bandwidth_gbs
+    if peak is None:
+        return slope
+    return min(peak, slope)
+# ---- end of what 04_hardware.ipynb saves

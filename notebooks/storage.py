@@ -65,6 +65,12 @@ def filesystem_of(path):
     return kind
 
 
+def describe(how, why):
+    """How the reads reached the device, for the record: 'O_DIRECT', or the fallback and why."""
+    return '; '.join(filter(None, (how, why)))
+
+
+# ---- saved from 04_hardware.ipynb by make export: edit the notebook
 def open_uncached(path):
     """(fd, how the page cache is bypassed or None, why not O_DIRECT or None)."""
     why = 'this system has no O_DIRECT'
@@ -88,13 +94,8 @@ def open_uncached(path):
 
 
 def forget(fd, how, pattern='POSIX_FADV_NORMAL'):
-    """Empty the page cache of the file before a pass, where fadvise is how it is bypassed,
-    and announce the coming access `pattern` (an os.POSIX_FADV_* name)."""
+    """Empty the file's page cache where fadvise bypasses it, and announce `pattern`."""
     if how == 'posix_fadvise(DONTNEED)':
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.posix_fadvise(fd, 0, 0, getattr(os, pattern))
-
-
-def describe(how, why):
-    """How the reads reached the device, for the record: 'O_DIRECT', or the fallback and why."""
-    return '; '.join(filter(None, (how, why)))
+# ---- end of what 04_hardware.ipynb saves

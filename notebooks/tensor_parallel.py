@@ -7,7 +7,8 @@
 * FSDP x TP on a 2-D `DeviceMesh`: `mesh_worker` trains notebook 08's MLP with tensor
   parallelism on one dimension and FSDP on the other, beside 08's DDP and FSDP.
 
-The taught code (f and g, ShardedMLP, parallelize_mlp, tp_plan, fsdp_x_tp) stands in the
+The taught code (f and g, ShardedMLP, parallelize_mlp, tp_plan, fsdp_x_tp, NormMLP,
+sequence_parallelize) stands in the
 notebook's cells, and `make export` copies it here, between the marker lines; spawned workers
 import this module. The rest is written by hand.
 """
@@ -162,11 +163,10 @@ def fsdp_x_tp(module, mesh):
             fully_shard(layer, mesh=mesh['dp'])
     fully_shard(module, mesh=mesh['dp'])
     return module
-# ---- end of what 09_tensor_and_pipeline_parallelism.ipynb saves
 
 
 class NormMLP(nn.Module):
-    """LayerNorm, then the MLP: the region sequence parallelism (an exercise) splits."""
+    """LayerNorm, then the MLP: the region sequence parallelism splits."""
 
     def __init__(self, d_model, hidden):
         super().__init__()
@@ -179,14 +179,15 @@ class NormMLP(nn.Module):
 def sequence_parallelize(block, mesh, sequence_parallel):
     """Tensor parallelism on the MLP of a NormMLP; with sequence_parallel, the LayerNorm also
     works on 1/t of the sequence, and the all-reduces become all-gathers and reduce-scatters
-    (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models")."""
+    (Korthikanti et al., 2022)."""
     if not sequence_parallel:
         return parallelize_module(block, mesh, {'mlp.up': ColwiseParallel(),
                                                 'mlp.down': RowwiseParallel()})
     return parallelize_module(block, mesh, {
-        'norm': SequenceParallel(),
-        'mlp.up': ColwiseParallel(input_layouts=Shard(1)),
-        'mlp.down': RowwiseParallel(output_layouts=Shard(1), use_local_output=False)})
+        'norm': SequenceParallel(),  # its input and output: Shard(1), split along the sequence
+        'mlp.up': ColwiseParallel(input_layouts=Shard(1)),  # all-gathers the sequence: f
+        'mlp.down': RowwiseParallel(output_layouts=Shard(1), use_local_output=False)})  # g
+# ---- end of what 09_tensor_and_pipeline_parallelism.ipynb saves
 
 
 # ------------------------------------------------------------ the tensor-parallel checks

@@ -1,28 +1,19 @@
 """ZeRO stages 1 and 2 by hand, beside DDP and FSDP, measured on real processes (notebook 08).
 
-ZeRO (Rajbhandari et al., 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-Models") removes the copies data parallelism keeps on every rank. Each rank owns a 1/k shard
-of every parameter, as each server owned a shard of the keys in notebook 07, except that every
-worker is now also the server of its own shard:
+ZeRO (Rajbhandari et al., 2020) gives each rank a 1/k shard of every parameter, as each server
+owned a shard of the keys in notebook 07, and every worker is the server of its own shard:
+ZeRO-1 shards Adam's state (gradients are reduce-scattered, each owner takes the Adam step on
+its shard, and the updated shards are all-gathered), ZeRO-2 the gradients too (each
+reduce-scattered the moment backward has produced it), ZeRO-3 the parameters as well (here
+PyTorch's `fully_shard`, FSDP).
 
-* ZeRO-1: the Adam state lives only with the shard's owner. Gradients are reduce-scattered
-  (the push: each owner receives the sum of its shard), the owner takes the Adam step, and the
-  updated shards are all-gathered (the pull). Every rank still holds all gradients.
-* ZeRO-2: as ZeRO-1, but each parameter's gradient is reduce-scattered the moment backward has
-  produced it, and the full gradient is freed: a rank holds only its shard of the gradients.
-* ZeRO-3 (FSDP): the parameters are sharded too and all-gathered layer by layer when needed;
-  here that is PyTorch's own `fully_shard`.
-
-`Shard`, `reduce_scatter`, `all_gather` and `ZeroAdam` stand in notebook 08's cells, which
-`make export` copies here (#@save zero). `train_worker` (every strategy, measured) and
-`regather_worker` (FSDP with and without its backward all-gather, taking turns) are the process
-entry points for launch.run_workers; they live here because spawned processes must import
-them. `start_rank` places a rank: on a GPU of its own with nccl, on a GPU shared through gloo
-(gloo's all-reduce, broadcast, all-gather and reduce-scatter take GPU tensors, staging them in
-host memory; its send and recv do not, so our ring passes host copies), or on the CPU.
+The taught code (`Shard` to `regather_worker`) stands in notebook 08's cells, which `make
+export` copies here (#@save zero); spawned worker processes import it. `train_worker` is the
+entry point of the main runs. `start_rank` places a rank: on a GPU of its own with nccl, on a
+GPU shared through gloo (gloo's collectives take GPU tensors, staging them in host memory; its
+send and recv do not, so our ring passes host copies), or on the CPU.
 """
 import contextlib
-import gc
 import math
 import time
 from types import SimpleNamespace
@@ -30,7 +21,10 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn import functional as F
 
 import helpers
@@ -39,10 +33,8 @@ from collectives import CollectiveCounter, tcp_bytes_sent
 from stats import median
 
 STRATEGIES = ('ddp', 'zero1', 'zero2', 'fsdp')
-# for the exercises: FSDP with bf16 parameters in flight, and PyTorch's own ZeRO-1; and FSDP
-# keeping each layer's gathered parameters from forward to backward
-# (reshard_after_forward=False): it sends ZeRO-2's 2 model sizes, so that beside FSDP it
-# isolates the cost of ZeRO-3's extra all-gather within one implementation
+# for the exercises: FSDP with bf16 parameters in flight, PyTorch's own ZeRO-1, and FSDP
+# keeping each layer gathered from forward to backward (ZeRO-2's bytes, in FSDP's code)
 EXTRA_STRATEGIES = ('fsdp_bf16', 'torch_zero1', 'fsdp_keep')
 LABELS = {'ddp': 'DDP', 'zero1': 'ZeRO-1', 'zero2': 'ZeRO-2', 'fsdp': 'FSDP (ZeRO-3)',
           'fsdp_bf16': 'FSDP, bf16 in flight', 'torch_zero1': 'ZeroRedundancyOptimizer',
@@ -201,12 +193,54 @@ class ZeroAdam:
     def zero_grad(self):
         for p, owned in zip(self.params, self.owned):
             p.grad = owned.grad = None
-# ---- end of what 08_sharded_data_parallelism.ipynb saves
 
 
-# ------------------------------------------------------------------------- measuring
-def _local(t):
-    return t.to_local() if hasattr(t, 'to_local') else t  # a DTensor's shard on this rank
+def build(strategy, cfg, device):
+    """(model to call, module holding the parameters, optimizer) for one strategy."""
+    module = make_model(cfg).to(device)
+    adam = lambda params: torch.optim.Adam(params, lr=cfg['lr'])
+    if strategy in ('ddp', 'torch_zero1'):
+        ddp = nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == 'cuda' else None,
+            gradient_as_bucket_view=True)  # the gradients live in the all-reduce buckets
+        # DDP's own all-reduce of each bucket, issued from Python so that the counter sees it
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        if strategy == 'ddp':
+            return ddp, module, adam(module.parameters())
+        return ddp, module, ZeroRedundancyOptimizer(module.parameters(), torch.optim.Adam,
+                                                    lr=cfg['lr'])
+    if strategy in ('zero1', 'zero2'):
+        return module, module, ZeroAdam(module, cfg['lr'], stage=int(strategy[-1]))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # all k ranks, in a row
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if strategy == 'fsdp_bf16' else MixedPrecisionPolicy())  # exercise 2
+    reshard = strategy != 'fsdp_keep'  # False: keep each layer gathered until its backward
+    for layer in module:
+        if isinstance(layer, nn.Linear):  # each layer is all-gathered on its own, when needed
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
+    return module, module, adam(module.parameters())
+
+
+def train_step(model, optimizer, X, y, device, time_phases=False):
+    """One training step. Returns the times it started and ended, and with `time_phases` the
+    ends of its forward pass (with zero_grad) and its backward pass between them."""
+    def mark():  # the time now, once the device has finished what was queued
+        helpers.synchronize(device)
+        marks.append(time.perf_counter())
+
+    marks = []
+    mark()
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(X), y)  # the mean over this rank's examples
+    if time_phases:
+        mark()
+    loss.backward()
+    if time_phases:
+        mark()
+    optimizer.step()
+    mark()
+    return marks
 
 
 def held_bytes(params, grads, state):
@@ -219,41 +253,116 @@ def held_bytes(params, grads, state):
         for t in tensors:
             if t is None:
                 continue
-            storage = _local(t).untyped_storage()
+            storage = local(t).untyped_storage()
             if storage.data_ptr() not in seen or storage.nbytes() == 0:
                 seen.add(storage.data_ptr())
                 held[kind] += storage.nbytes()
     return held
 
 
-def build(strategy, cfg, device):
-    """(model to call, module holding the parameters, optimizer) for one strategy."""
-    module = make_model(cfg).to(device)
-    adam = lambda params: torch.optim.Adam(params, lr=cfg['lr'])
-    if strategy in ('ddp', 'torch_zero1'):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        ddp = nn.parallel.DistributedDataParallel(
-            module, device_ids=[device.index] if device.type == 'cuda' else None,
-            gradient_as_bucket_view=True)  # the gradients live in the all-reduce buckets
-        # the all-reduce DDP makes by default, issued from Python so that it is counted
-        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
-        if strategy == 'ddp':
-            return ddp, module, adam(module.parameters())
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-        return ddp, module, ZeroRedundancyOptimizer(module.parameters(), torch.optim.Adam,
-                                                    lr=cfg['lr'])
-    if strategy in ('zero1', 'zero2'):
-        return module, module, ZeroAdam(module, cfg['lr'], stage=int(strategy[-1]))
-    from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if strategy == 'fsdp_bf16' else MixedPrecisionPolicy())
-    reshard = strategy != 'fsdp_keep'  # False: no second all-gather in backward
-    for layer in module:
-        if isinstance(layer, nn.Linear):  # each layer is all-gathered on its own, when needed
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
-    return module, module, adam(module.parameters())
+class StrategyRun:
+    """One strategy's training on this rank, a step at a time: WARMUP_STEPS warm-up steps,
+    timed steps (wall time, phases, the bytes its TCP sockets sent and, on a GPU, the most
+    memory a step added), and a last step whose collectives CollectiveCounter counts."""
+
+    def __init__(self, strategy, cfg, device, steps):
+        self.strategy, self.cfg, self.device, self.steps = strategy, cfg, device, steps
+        self.model, self.module, self.optimizer = build(strategy, cfg, device)
+        self.times, self.wire, self.added = [], [], 0
+        self.phases, self.counter = {p: [] for p in PHASES}, CollectiveCounter()
+        self.on_tcp = dist.get_backend() == 'gloo' and tcp_bytes_sent() is not None
+
+    def step(self, i, X, y):
+        cfg, counted = self.cfg, i == self.steps - 1
+        if cfg['fail_rank'] == dist.get_rank() and i == 1 and self.strategy == cfg[
+                'strategies'][-1]:  # the crash of "Failures end cleanly"
+            raise RuntimeError(f'rank {dist.get_rank()}: simulated crash in {self.strategy}')
+        before, sent = memory_mark(self.device), tcp_bytes_sent()
+        with self.counter if counted else contextlib.nullcontext():
+            marks = train_step(self.model, self.optimizer, X, y, self.device,
+                               cfg['time_phases'])
+        if i >= WARMUP_STEPS:  # the most memory a step added to what was allocated before
+            self.added = max(self.added, memory_added(self.device, before))
+        if WARMUP_STEPS <= i and not counted:
+            self.times.append(marks[-1] - marks[0])
+            if self.on_tcp:
+                self.wire.append(tcp_bytes_sent() - sent)
+            if cfg['time_phases']:  # marks: the start, forward's end, backward's end, the end
+                for p, start, end in zip(PHASES, marks, marks[1:]):
+                    self.phases[p].append(end - start)
+
+    def results(self, initial, reference=None):
+        """This rank's measurements, and its final parameters, flat (`initial`: before
+        training; `reference`: DDP's final parameters, None for DDP itself)."""
+        params = list(self.module.parameters())
+        state, grad_shards = optimizer_tensors(self.optimizer)
+        held = held_bytes(params, [p.grad for p in params] + grad_shards, state)
+        out = {'held_bytes': held, 'bytes_per_rank': sum(held.values()),
+               'local_parameters': sum(local(p).numel() for p in params),
+               'seconds_per_step': median(self.times), 'step_times': self.times,
+               'phase_times': self.phases, 'counted_bytes_per_step': self.counter.bytes,
+               'collectives_per_step': self.counter.calls, 'tcp_bytes_per_step': None,
+               'peak_bytes': None}
+        if self.wire:  # gloo: what its sockets sent in a timed step, on average
+            out['tcp_bytes_per_step'] = sum(self.wire) / len(self.wire)
+        if self.device.type == 'cuda':  # what it holds, and the most a step added on top
+            out['peak_bytes'] = out['bytes_per_rank'] + self.added
+        flat = full_parameters(self.module)  # a copy made to measure, after the peak
+        if reference is None:
+            reference = flat
+        out.update(ranks_apart=spread_over_ranks(flat),
+                   moved=max_over_ranks((flat - initial.to(flat.device)).abs().max().item()),
+                   max_diff_vs_ddp=max_over_ranks((flat - reference).abs().max().item()))
+        return out, flat
+
+
+def take_turns(runs, batches):
+    """Train every StrategyRun in `runs` ({strategy: run}) on the same batches, a step of each
+    in turn; the strategy that goes first moves on by one at every step."""
+    order = list(runs)
+    for i, (X, y) in enumerate(batches):
+        for s in order[i % len(order):] + order[:i % len(order)]:
+            runs[s].step(i, X, y)
+
+
+def run_strategy(strategy, cfg, batches, device, initial, reference=None):
+    """Train one strategy alone (notebook 09 sets its FSDP x TP beside these). Returns this
+    rank's measurements and its final parameters."""
+    run = StrategyRun(strategy, cfg, device, len(batches))
+    take_turns({strategy: run}, batches)
+    return run.results(initial, reference)
+
+
+def regather_worker(rank, world_size, config, repeats=5, block_steps=8):
+    """Exercise 1's timing: FSDP as usual ('fsdp') against FSDP keeping each layer gathered
+    from forward to backward ('fsdp_keep'), which differ only in the backward pass's
+    all-gather. The two take turns in blocks of `block_steps` steps, a warm-up block and then
+    `repeats` blocks each, so that whatever else the machine does falls on both alike.
+    Returns this rank's seconds per step, one per block, for each."""
+    cfg = check_config(config, world_size)
+    rank, world_size, device = start_rank(cfg)
+    X, y = make_batches(cfg, 1, rank, world_size, device)[0]
+    built = {s: build(s, cfg, device) for s in ('fsdp', 'fsdp_keep')}
+    times = {s: [] for s in built}
+    for block in range(1 + repeats):
+        for s, (model, _, optimizer) in built.items():
+            helpers.synchronize(device)
+            tik = time.perf_counter()
+            for _ in range(block_steps):
+                optimizer.zero_grad()
+                F.cross_entropy(model(X), y).backward()
+                optimizer.step()
+            helpers.synchronize(device)
+            if block:  # the first block warms up
+                times[s].append((time.perf_counter() - tik) / block_steps)
+    dist.barrier()
+    return times
+# ---- end of what 08_sharded_data_parallelism.ipynb saves
+
+
+# ------------------------------------------------------------------------- measuring
+def local(t):
+    return t.to_local() if hasattr(t, 'to_local') else t  # a DTensor's shard on this rank
 
 
 def optimizer_tensors(optimizer):
@@ -270,98 +379,32 @@ def full_parameters(module):
                       for p in module.parameters()])
 
 
-def _max_over_ranks(value):
+def max_over_ranks(value):
     t = torch.tensor([float(value)], dtype=torch.float64,
                      device='cuda' if dist.get_backend() == 'nccl' else 'cpu')
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
-def _spread_over_ranks(flat):
+def spread_over_ranks(flat):
     """Largest |parameter - rank 0's parameter| over all ranks: 0 when all ranks agree."""
     reference = flat.clone()
     dist.broadcast(reference, src=0)
-    return _max_over_ranks((flat - reference).abs().max().item())
+    return max_over_ranks((flat - reference).abs().max().item())
 
 
-def _mark(marks, device, timed):
-    """With `timed`, the time one phase of a step ends (after the device has finished it)."""
-    if timed:
-        helpers.synchronize(device)
-        marks.append(time.perf_counter())
-
-
-def train_step(model, optimizer, X, y, device, time_phases=False):
-    """One training step. Returns the times it started and ended, and with `time_phases` the
-    ends of its forward pass (with zero_grad) and its backward pass between them."""
-    helpers.synchronize(device)
-    marks = [time.perf_counter()]
-    optimizer.zero_grad()
-    loss = F.cross_entropy(model(X), y)  # the mean over this rank's examples
-    _mark(marks, device, time_phases)
-    loss.backward()
-    _mark(marks, device, time_phases)
-    optimizer.step()
-    helpers.synchronize(device)
-    return marks + [time.perf_counter()]
-
-
-def _reset_peak_memory(device):
-    """On a GPU: free what earlier runs left, restart the peak counter and return the bytes
-    allocated now (this run's data), the baseline of the peak. None on a CPU."""
+def memory_mark(device):
+    """On a GPU: restart the peak counter and return the bytes allocated now. None on a CPU."""
     if device.type != 'cuda':
         return None
-    gc.collect()
-    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     return torch.cuda.memory_allocated(device)
 
 
-def run_strategy(strategy, cfg, batches, device, initial, reference=None):
-    """Train `strategy` on `batches`: WARMUP_STEPS, then timed steps (wall time and TCP bytes),
-    then one step whose collectives CollectiveCounter counts. Returns this rank's measurements
-    and the final parameters (`initial`: the parameters before training, flat)."""
-    rank, baseline = dist.get_rank(), _reset_peak_memory(device)
-    model, module, optimizer = build(strategy, cfg, device)
-    times, counter, tcp = [], None, {}
-    phases = {p: [] for p in PHASES}  # each timed step's phases, with cfg['time_phases']
-    for step, (X, y) in enumerate(batches):
-        if step == WARMUP_STEPS:
-            tcp['start'] = tcp_bytes_sent() if dist.get_backend() == 'gloo' else None
-        if step == len(batches) - 1:  # the last step is counted, not timed
-            tcp['end'] = tcp_bytes_sent() if dist.get_backend() == 'gloo' else None
-            counter = CollectiveCounter()
-        if cfg['fail_rank'] == rank and strategy == cfg['strategies'][-1] and step == 1:
-            raise RuntimeError(f'rank {rank}: simulated crash in {strategy} at step {step}')
-        with counter if counter is not None else contextlib.nullcontext():
-            marks = train_step(model, optimizer, X, y, device, cfg['time_phases'])
-        if WARMUP_STEPS <= step < len(batches) - 1:
-            times.append(marks[-1] - marks[0])
-            if cfg['time_phases']:  # marks: the start, forward's end, backward's end, the end
-                for p, start, end in zip(PHASES, marks, marks[1:]):
-                    phases[p].append(end - start)
-    params = list(module.parameters())
-    state, grad_shards = optimizer_tensors(optimizer)
-    held = held_bytes(params, [p.grad for p in params] + grad_shards, state)
-    flat = full_parameters(module)
-    return {
-        'held_bytes': held,
-        'bytes_per_rank': sum(held.values()),
-        'local_parameters': sum(_local(p).numel() for p in params),
-        'seconds_per_step': median(times),
-        'step_times': times,  # every timed step, in order
-        'phase_times': phases if cfg['time_phases'] else None,  # {phase: every timed step's}
-        'counted_bytes_per_step': counter.bytes,
-        'collectives_per_step': counter.calls,
-        'tcp_bytes_per_step': (None if None in (tcp['start'], tcp['end'])
-                               else (tcp['end'] - tcp['start']) / len(times)),
-        'peak_bytes': (None if baseline is None  # nccl and gloo alike, on a GPU
-                       else torch.cuda.max_memory_allocated(device) - baseline),
-        'ranks_apart': _spread_over_ranks(flat),
-        'moved': _max_over_ranks((flat - initial.to(flat.device)).abs().max().item()),
-        'max_diff_vs_ddp': _max_over_ranks(0.0 if reference is None else
-                                           (flat - reference).abs().max().item()),
-    }, flat
+def memory_added(device, before):
+    """On a GPU, the most bytes allocated since memory_mark returned `before`, above it; 0 on
+    a CPU, which has no such counter."""
+    return 0 if before is None else torch.cuda.max_memory_allocated(device) - before
 
 
 def wire_probe(numel):
@@ -399,20 +442,24 @@ def start_rank(cfg):
 
 
 def train_worker(rank, world_size, config):
-    """One rank: train every strategy in turn on the same data, from the same initial model,
-    and measure each (DDP first: it is the reference). Returns this rank's measurements."""
+    """One rank: every strategy from the same initial model on the same data, the strategies
+    taking turns a step at a time (take_turns), so that whatever else the machine does falls
+    on all of them alike. DDP's parameters are the reference. Returns this rank's
+    measurements."""
     cfg = check_config(config, world_size)
     rank, world_size, device = start_rank(cfg)
     batches = make_batches(cfg, WARMUP_STEPS + cfg['timed_steps'] + 1, rank, world_size, device)
+    order = ('ddp',) + tuple(s for s in cfg['strategies'] if s != 'ddp')
+    runs = {s: StrategyRun(s, cfg, device, len(batches)) for s in order}
+    take_turns(runs, batches)
     results, reference = {}, None
     initial = full_parameters(make_model(cfg))
-    for strategy in ('ddp',) + tuple(s for s in cfg['strategies'] if s != 'ddp'):
-        results[strategy], flat = run_strategy(strategy, cfg, batches, device, initial,
-                                               reference)
+    for strategy in order:
+        results[strategy], flat = runs.pop(strategy).results(initial, reference)
         reference = flat if strategy == 'ddp' else reference
         if rank == 0:
             launch.report(strategy=strategy,
-                           seconds_per_step=results[strategy]['seconds_per_step'])
+                          seconds_per_step=results[strategy]['seconds_per_step'])
     probe = (wire_probe(math.ceil(num_parameters(cfg) / world_size))
              if cfg['probe_wire'] and cfg['backend'] == 'gloo' else None)
     dist.barrier()  # every rank leaves together
@@ -420,31 +467,6 @@ def train_worker(rank, world_size, config):
             'device': str(device), 'parameters': num_parameters(cfg), 'strategies': results,
             'wire_probe': probe}
 
-
-def regather_worker(rank, world_size, config, repeats=5, block_steps=8):
-    """Exercise 1's timing: FSDP as usual ('fsdp') against FSDP keeping each layer gathered
-    from forward to backward ('fsdp_keep'), which differ only in the backward pass's
-    all-gather. The two take turns in blocks of `block_steps` steps, a warm-up block and then
-    `repeats` blocks each, so that whatever else the machine does falls on both alike.
-    Returns this rank's seconds per step, one per block, for each."""
-    cfg = check_config(config, world_size)
-    rank, world_size, device = start_rank(cfg)
-    X, y = make_batches(cfg, 1, rank, world_size, device)[0]
-    built = {s: build(s, cfg, device) for s in ('fsdp', 'fsdp_keep')}
-    times = {s: [] for s in built}
-    for block in range(1 + repeats):
-        for s, (model, _, optimizer) in built.items():
-            helpers.synchronize(device)
-            tik = time.perf_counter()
-            for _ in range(block_steps):
-                optimizer.zero_grad()
-                F.cross_entropy(model(X), y).backward()
-                optimizer.step()
-            helpers.synchronize(device)
-            if block:  # the first block warms up
-                times[s].append((time.perf_counter() - tik) / block_steps)
-    dist.barrier()
-    return times
 
 
 # ------------------------------------------------------------- what the notebook reads and draws
@@ -468,17 +490,31 @@ def slowest_steps(rank_results, strategy):
 
 
 def slowest_phases(rank_results, strategy):
-    """{phase: each timed step's time of that phase on its slowest rank}, or None where the
-    phases were not timed (time_phases)."""
+    """{phase: each timed step's time of that phase on the rank that was slowest in that
+    step}: a step's phases add up to its time (slowest_steps). None where the phases were not
+    timed (time_phases)."""
     per_rank = [r['strategies'][strategy].get('phase_times') for r in rank_results]
-    if None in per_rank:
+    if None in per_rank or not all(all(r.values()) for r in per_rank):
         return None
-    return {p: [max(step) for step in zip(*(r[p] for r in per_rank))] for p in per_rank[0]}
+    steps = [r['strategies'][strategy]['step_times'] for r in rank_results]
+    slowest = [max(range(len(steps)), key=lambda r: steps[r][i]) for i in range(len(steps[0]))]
+    return {p: [per_rank[r][p][i] for i, r in enumerate(slowest)] for p in per_rank[0]}
 
 
-def call_counts(calls):
-    """A counted step's collectives as text: {'c10d.allreduce_': 2} -> '2 x allreduce'."""
-    return ', '.join(f'{n} x {op.split(".")[1].strip("_")}' for op, n in calls.items()) or '-'
+def median_step_phases(phases):
+    """{phase: seconds} of the median step (the lower middle one for an even count), from
+    slowest_phases: its three phases add up to that step's time."""
+    totals = [sum(parts) for parts in zip(*phases.values())]
+    middle = sorted(range(len(totals)), key=totals.__getitem__)[(len(totals) - 1) // 2]
+    return {p: v[middle] for p, v in phases.items()}
+
+
+def call_counts(calls, names=None):
+    """A counted step's collectives as text: {'c10d.allreduce_': 2} -> '2 x allreduce', or
+    with `names` ({operator: name}, as collectives.READABLE) '2 x all-reduce'."""
+    def name(op):
+        return (names or {}).get(op) or op.split('.')[1].strip('_')
+    return ', '.join(f'{n} x {name(op)}' for op, n in calls.items()) or '-'
 
 
 def summarize(runs, strategies=STRATEGIES):

@@ -263,6 +263,14 @@ def test_04_cache_steps_and_the_roofline_are_read_as_measured(results):
         assert borrowed == []
     for p in borrowed:
         assert hardware.flops_per_cycle(p) == hardware.flops_per_cycle('float32')
+    # the fastest count ties with itself; the false-sharing slowdown exists only where the two
+    # threads ran at once, and no stream is compared past a last step at the largest size
+    assert results['threads_best'] in results['threads_tied']
+    assert isinstance(results['false_sharing_at_once'], bool)
+    if not results['false_sharing_at_once']:
+        assert 'slowdown' not in results['false_sharing_s']
+    if reading['bytes'] == sizes[-1]:
+        assert reading['streams_faster'] is False
 
 
 # ------------------------------------------------------------------ notebook 04's modules
@@ -344,3 +352,36 @@ def test_scratch_file_is_read_and_removed():
         os.close(fd)
     scratch.close()
     assert not scratch.path.exists()
+
+
+# ------------------------------------------------------------- the two-thread probe's pinning
+def test_cpu_lists_are_read_as_sysfs_writes_them():
+    assert hardware._cpus_in('0-3,8\n') == {0, 1, 2, 3, 8}
+    assert hardware._cpus_in('5') == {5} and hardware._cpus_in('') == set()
+
+
+def test_smt_pair_is_two_siblings_this_process_may_use(monkeypatch, tmp_path):
+    pair = hardware.smt_pair()
+    assert pair is None or (len(pair) == 2 and set(pair) <= os.sched_getaffinity(0))
+    if not hasattr(os, 'sched_setaffinity'):
+        return
+    for cpu, listed in ((0, '0,8'), (1, '1,9'), (8, '0,8'), (9, '1,9')):  # 2 cores, SMT
+        topology = tmp_path / f'cpu{cpu}' / 'topology'
+        topology.mkdir(parents=True)
+        (topology / 'thread_siblings_list').write_text(listed + '\n')
+    monkeypatch.setattr(hardware, 'SYS_CPU', tmp_path)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1, 8, 9})
+    assert hardware.smt_pair() == [0, 8]
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})  # no sibling allowed
+    assert hardware.smt_pair() is None
+
+
+def test_throughput_pins_each_thread_to_its_cpu():
+    if not hasattr(os, 'sched_setaffinity'):
+        pytest.skip('no os.sched_setaffinity here')
+    cpu = min(os.sched_getaffinity(0))
+    seen = set()
+    assert hardware._throughput(lambda: seen.add(frozenset(os.sched_getaffinity(0))), 1, 0.02,
+                                [cpu]) > 0
+    assert seen == {frozenset({cpu})}
+    assert hardware._throughput(lambda: None, 2, 0.02) > 0  # unpinned

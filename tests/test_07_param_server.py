@@ -124,6 +124,13 @@ def test_reading_the_benchmark_applies_the_noise_rule():
     assert ar.fastest(samples, 4, 2**26) == 'ring' and ar.span([1.2, 0.951]) == '0.95 to 1.20'
 
 
+def test_a_model_ratio_is_judged_against_the_range_the_repeats_allow():
+    before, after = [3.0, 4.0], [1.0, 2.0]  # before / after lies between 1.5 and 4
+    assert ar.ratio_range(before, after) == (1.5, 4.0)
+    assert [ar.range_word(m, 1.5, 4.0) for m in (1.2, 1.5, 2, 4.0, 4.5)] == [
+        'below', 'within', 'within', 'within', 'above']
+
+
 def test_sgd_problem_replays_the_servers_batches_in_order():
     problem = ps.sgd_problem({'workers': 2, 'steps': 3})
     _, shards = ps._model_and_data({**ps.SGD_DEFAULTS, 'workers': 2, 'steps': 3}, None)

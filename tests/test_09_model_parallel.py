@@ -94,6 +94,11 @@ def test_pipeline_worker_keeps_the_schedules_activations_and_the_single_process_
             for rank, r in enumerate(results):  # (start, end, pass, stage): rank r runs stage r
                 for e in r[kind][m]['events'][0]:
                     assert e[0] <= e[1] and e[2] in 'FB' and e[3] == rank
+                # each chunk's CPU time on its thread: at least 0, at most the chunk's span
+                cpu = r[kind][m]['cpu'][0]
+                assert len(cpu) == len(r[kind][m]['events'][0])
+                assert all(0 <= c <= e[1] - e[0] + 1e-3
+                           for c, e in zip(cpu, r[kind][m]['events'][0]))
         assert results[0]['float64'][kind]['gradient_diff'] <= bound['float64']
     assert set(results[0]['by_hand']) == set(ms) and results[1]['by_hand'][ms[0]]
     assert all(results[0]['message_s'][m] > 0 and results[0]['schedule_s'][m] > 0 for m in ms)

@@ -1,0 +1,291 @@
+"""Six layouts of one model on real processes, measured as notebook 10's cost model predicts
+them: bytes sent per rank and step, memory held per rank, and the step time.
+
+The model is a stack of `layers` transformer-MLP blocks (width -> 4 width -> width, GELU), the
+shape tensor parallelism splits Megatron-style and a pipeline splits by blocks. `layout_worker`
+runs every layout of `JobConfig.layouts` in turn on the same ranks, each with Adam in float32:
+
+* 'ddp'      DistributedDataParallel (notebook 06), the batch split over the k ranks;
+* 'zero2'    notebook 08's ZeroAdam at stage 2 (zero.ZeroAdam), the batch split;
+* 'fsdp'     PyTorch's fully_shard on every linear layer (notebook 08), the batch split;
+* 'tp'       every block split over the k ranks by columns, then rows (notebook 09), each
+             rank seeing the whole batch;
+* '1f1b'     k pipeline stages of layers / k blocks, run by torch.distributed.pipelining's
+             Schedule1F1B over `microbatches` micro-batches (notebook 09);
+* 'fsdp_tp'  tensor parallelism on one axis of a (dp, tp) mesh and FSDP on the other
+             (tensor_parallel.fsdp_x_tp, notebook 09).
+
+Each layout's last step is counted: collectives.CollectiveCounter adds up the bytes each
+collective sends by the ring's accounting (a pipeline's sends as they are), meters'
+SavedActivations counts what autograd keeps for the backward pass, and zero.held_bytes reads
+the bytes behind the parameters, gradients and optimizer state. Besides the layouts, every
+rank measures two terms of the model alone: its layout's local compute (the same matmuls, no
+message) and, for the link, round trips between ranks 0 and 1 and one all-reduce.
+"""
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import parallelize_module
+from torch.nn import functional as F
+
+import helpers
+import pipeline_parallel
+import tensor_parallel
+import zero
+from collectives import CollectiveCounter
+from meters import SavedActivations, join, local
+
+LAYOUTS = ('ddp', 'zero2', 'fsdp', 'tp', '1f1b', 'fsdp_tp')
+LABELS = {'ddp': 'DDP', 'zero2': 'ZeRO-2', 'fsdp': 'FSDP', 'tp': 'TP', '1f1b': '1F1B pipeline',
+          'fsdp_tp': 'FSDP x TP'}
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What layout_worker runs: the model (layers blocks, width wide), the global batch
+    (tokens rows), the layouts and their degrees, and how many steps each."""
+    width: int = 192
+    layers: int = 12
+    tokens: int = 384
+    microbatches: int = 8
+    mesh_shape: tuple = (2, 2)
+    layouts: tuple = LAYOUTS
+    warmup_steps: int = 2
+    timed_steps: int = 3
+    lr: float = 1e-3
+    seed: int = 0
+    link_sizes: tuple = (4, 2**18, 2**20)  # bytes of the round trips the link is fitted on
+    device: str = 'cpu'
+    backend: str = 'gloo'
+    collective_timeout: int = 60
+
+
+def make_model(cfg):
+    """The stack, flat: Linear(w, 4w), GELU, Linear(4w, w), ... the same on every rank."""
+    torch.manual_seed(cfg.seed)
+    layers = []
+    for _ in range(cfg.layers):
+        layers += [nn.Linear(cfg.width, 4 * cfg.width), nn.GELU(),
+                   nn.Linear(4 * cfg.width, cfg.width)]
+    return nn.Sequential(*layers)
+
+
+def blocks_of(flat):
+    """The flat stack as a stack of blocks, for a pipeline to split."""
+    return nn.Sequential(*[nn.Sequential(*flat[i:i + 3]) for i in range(0, len(flat), 3)])
+
+
+def make_batch(cfg, step, device):
+    """Step `step`'s global batch: tokens rows and a class in [0, width) for each."""
+    g = torch.Generator().manual_seed(cfg.seed + 1 + step)
+    X = torch.randn(cfg.tokens, cfg.width, generator=g)
+    y = torch.randint(0, cfg.width, (cfg.tokens,), generator=g)
+    return X.to(device), y.to(device)
+
+
+class ModuleActivations(SavedActivations):
+    """SavedActivations that also skips the parameters a module holds at the moment a tensor
+    is saved: FSDP swaps each layer's gathered (unsharded) weights in for its forward pass, and
+    those are parameters, not activations."""
+
+    def __init__(self, module):
+        super().__init__(module.parameters())
+        self.module = module
+
+    def _pack(self, t):
+        with torch.no_grad():
+            mine = _address(t)
+        if mine is None or mine in {_address(p) for p in self.module.parameters()}:
+            return t
+        return super()._pack(t)
+
+
+def _address(t):
+    """Where a tensor's memory starts; None for one whose memory was freed (a resharded
+    FSDP parameter)."""
+    try:
+        return local(t).untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
+# ------------------------------------------------------------------ one layout per rank
+def _split(X, y, r, k):
+    return X.chunk(k)[r], y.chunk(k)[r]
+
+
+def build(layout, cfg, rank, k, device):
+    """(module holding this rank's parameters, optimizer, meter, step(X, y)) for a layout."""
+    flat = make_model(cfg).to(device)
+    adam = lambda params: torch.optim.Adam(params, lr=cfg.lr)
+    if layout == '1f1b':
+        return _pipeline(flat, cfg, rank, k, device, adam)
+    if layout == 'ddp':
+        module = nn.parallel.DistributedDataParallel(
+            flat, device_ids=[device.index] if device.type == 'cuda' else None)
+        optimizer, share = adam(flat.parameters()), lambda X, y: _split(X, y, rank, k)
+    elif layout == 'zero2':
+        module, optimizer = flat, zero.ZeroAdam(flat, cfg.lr, stage=2)
+        share = lambda X, y: _split(X, y, rank, k)
+    elif layout == 'fsdp':
+        mesh = init_device_mesh(device.type, (k,))
+        for layer in flat:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        module, optimizer = fully_shard(flat, mesh=mesh), adam(flat.parameters())
+        share = lambda X, y: _split(X, y, rank, k)
+    elif layout == 'tp':
+        mesh = init_device_mesh(device.type, (k,))
+        module = parallelize_module(flat, mesh, tensor_parallel.tp_plan(flat))
+        optimizer, share = adam(flat.parameters()), lambda X, y: (X, y)
+    elif layout == 'fsdp_tp':
+        mesh = init_device_mesh(device.type, tuple(cfg.mesh_shape), mesh_dim_names=('dp', 'tp'))
+        module = tensor_parallel.fsdp_x_tp(flat, mesh)
+        d = mesh.get_coordinate()[0]
+        optimizer = adam(flat.parameters())
+        share = lambda X, y: _split(X, y, d, cfg.mesh_shape[0])
+    meter = ModuleActivations(flat)
+
+    def step(X, y):
+        X, y = share(X, y)
+        optimizer.zero_grad()
+        with meter:
+            out = module(X)
+        F.cross_entropy(out, y).backward()
+        optimizer.step()
+    return flat, optimizer, meter, step
+
+
+def _pipeline(flat, cfg, rank, p, device, adam):
+    blocks = blocks_of(flat)
+    meter = SavedActivations(blocks.parameters())
+    stages, schedule = pipeline_parallel.build_pipeline(blocks, rank, p, 1, cfg.microbatches,
+                                                        '1f1b', device, meter)
+    mine = nn.ModuleList([s.submod for s in stages])
+    optimizer = adam(mine.parameters())
+
+    def step(X, y):
+        optimizer.zero_grad()
+        pipeline_parallel.pipeline_step(schedule, stages, X, y)
+        optimizer.step()
+    return mine, optimizer, meter, step
+
+
+def run_layout(layout, cfg, rank, k, device):
+    """Warm-up steps, timed steps (each from a barrier: the time every rank took) and one
+    counted step. Returns this rank's times, bytes sent, bytes held and activations."""
+    module, optimizer, meter, step = build(layout, cfg, rank, k, device)
+    times, counter = [], CollectiveCounter()
+    for i in range(cfg.warmup_steps + cfg.timed_steps + 1):
+        X, y = make_batch(cfg, i, device)
+        counted = i == cfg.warmup_steps + cfg.timed_steps
+        dist.barrier()
+        helpers.synchronize(device)
+        meter.reset_peak()
+        tik = time.perf_counter()
+        if counted:
+            with counter:
+                step(X, y)
+        else:
+            step(X, y)
+        helpers.synchronize(device)
+        if i >= cfg.warmup_steps and not counted:
+            times.append(time.perf_counter() - tik)
+    params = list(module.parameters())
+    state, grad_shards = zero.optimizer_tensors(optimizer)
+    held = zero.held_bytes(params, [p.grad for p in params] + grad_shards, state)
+    return {'step_times': times, 'bytes_sent': counter.bytes, 'collectives': counter.calls,
+            'held_bytes': held, 'activation_bytes': meter.peak - meter.base,
+            'parameters': sum(local(p).numel() for p in params), 'tensors': len(params)}
+
+
+# ------------------------------------------------------------------ terms measured alone
+def local_shape(layout, cfg, k):
+    """(blocks, hidden width, rows, micro-batches) this rank computes in a layout."""
+    dp, tp = cfg.mesh_shape
+    return {'ddp': (cfg.layers, 4 * cfg.width, cfg.tokens // k, 1),
+            'zero2': (cfg.layers, 4 * cfg.width, cfg.tokens // k, 1),
+            'fsdp': (cfg.layers, 4 * cfg.width, cfg.tokens // k, 1),
+            'tp': (cfg.layers, 4 * cfg.width // k, cfg.tokens, 1),
+            '1f1b': (cfg.layers // k, 4 * cfg.width, cfg.tokens, cfg.microbatches),
+            'fsdp_tp': (cfg.layers, 4 * cfg.width // tp, cfg.tokens // dp, 1)}[layout]
+
+
+def compute_alone(layout, cfg, k, device, repeats=3):
+    """Seconds of this rank's compute in a layout with no message sent: its local blocks on its
+    rows (in its micro-batches), forward, backward and Adam; every rank at once, as in the
+    layout. The median of `repeats` after a warm-up."""
+    blocks, hidden, rows, m = local_shape(layout, cfg, k)
+    torch.manual_seed(cfg.seed)
+    layers = []
+    for _ in range(blocks):
+        layers += [nn.Linear(cfg.width, hidden), nn.GELU(), nn.Linear(hidden, cfg.width)]
+    model = nn.Sequential(*layers).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    X, y = make_batch(cfg, 0, device)
+    X, y = X[:rows], y[:rows]
+    times = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        helpers.synchronize(device)
+        tik = time.perf_counter()
+        optimizer.zero_grad()
+        for part_X, part_y in zip(X.chunk(m), y.chunk(m)):
+            F.cross_entropy(model(part_X), part_y).backward()
+        optimizer.step()
+        helpers.synchronize(device)
+        times.append(time.perf_counter() - tik)
+    return times[1:]
+
+
+def round_trips(sizes, device, repeats=9):
+    """{bytes: seconds}: the median round trip of a message of each size between ranks 0 and 1
+    (the others wait), as notebook 07 measures its links."""
+    out = {}
+    for size in sizes:
+        x, times = torch.zeros(max(1, size // 4), device=device), []
+        for _ in range(repeats + 1):
+            dist.barrier()
+            tik = time.perf_counter()
+            if dist.get_rank() == 0:
+                dist.send(x, 1)
+                dist.recv(x, 1)
+            elif dist.get_rank() == 1:
+                dist.recv(x, 0)
+                dist.send(x, 0)
+            helpers.synchronize(device)
+            times.append(time.perf_counter() - tik)
+        out[size] = sorted(times[1:])[repeats // 2]
+    return out
+
+
+def allreduce_alone(nbytes, device, repeats=3):
+    """Seconds of one all-reduce of nbytes on every rank, alone: DDP's message, with no
+    compute beside it. The times of `repeats`, after a warm-up."""
+    x, times = torch.zeros(nbytes // 4, device=device), []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        helpers.synchronize(device)
+        tik = time.perf_counter()
+        dist.all_reduce(x)
+        helpers.synchronize(device)
+        times.append(time.perf_counter() - tik)
+    return times[1:]
+
+
+def layout_worker(rank, world_size, cfg):
+    """One of k ranks: the link's round trips, every layout, then each term alone."""
+    rank, k, device = join(cfg)
+    out = {'round_trips': round_trips(cfg.link_sizes, device) if k > 1 else {}}
+    out['layouts'] = {layout: run_layout(layout, cfg, rank, k, device) for layout in cfg.layouts}
+    out['compute_alone'] = {layout: compute_alone(layout, cfg, k, device)
+                            for layout in cfg.layouts}
+    psi = sum(p.numel() for p in make_model(cfg).parameters())
+    out['allreduce_alone'] = allreduce_alone(4 * psi, device) if k > 1 else []
+    dist.barrier()
+    return out
