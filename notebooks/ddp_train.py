@@ -8,14 +8,17 @@ Rank 0 prints each epoch's progress as one JSON line ({"progress": {...}}) and, 
 result as indented JSON. From Python, as notebook 06 does:
 launch.run_workers(ddp_train.train, 2, ddp_train.Config(num_epochs=1), on_progress=callback),
 where rank 0's launch.report(...) reaches callback(rank, metrics) while training runs.
-`train` and `train_epoch` are written from notebook 06's `#@save ddp_train` cells (make export):
-spawned processes import them from here. The rest is plumbing: settings, data, summaries.
+`data_loaders`, `train_epoch`, `train`, `buffers_at_forward` and `plain_against_ddp` are written
+from notebook 06's `#@save ddp_train` cells (make export): spawned processes import them from
+here. The rest is plumbing: settings, data, summaries.
 """
 import argparse
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import io
+import itertools
 import json
 import os
 import time
@@ -82,31 +85,6 @@ def check_config(config, world_size):
     return config
 
 
-def data_loaders(cfg, rank, world_size):
-    """(training loader of this rank's share, its sampler, test loader, the data notice)."""
-    with contextlib.redirect_stdout(io.StringIO()) as notice:  # said once, by the caller
-        if cfg.data is not None:
-            train_set, test_set = (TensorDataset(*map(torch.from_numpy, cfg.data[name]))
-                                   for name in ('train', 'test'))
-        else:
-            train_set, test_set = helpers.fashion_mnist_datasets(
-                cfg.data_source, num_train=cfg.num_train, num_test=cfg.num_test)
-    sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=cfg.seed,
-                                 drop_last=True)  # each rank sees its own 1/world_size share
-    loader = DataLoader(train_set, cfg.batch_size // world_size, sampler=sampler,
-                        drop_last=True)
-    return loader, sampler, DataLoader(test_set, 256), notice.getvalue().strip()
-
-
-def buffers_at_forward(net):
-    """A dict that holds, under 'buffers', `net`'s float buffers as they were when its last
-    training forward pass began: DDP has just broadcast rank 0's there."""
-    kept = {}
-    net.register_forward_pre_hook(lambda module, args: kept.update(
-        buffers=float_buffers(module)) if module.training else None)
-    return kept
-
-
 def float_buffers(module):
     """Every floating-point buffer (BatchNorm's running mean and variance), as one vector."""
     return torch.cat([b.detach().flatten() for b in module.buffers() if b.is_floating_point()])
@@ -140,6 +118,22 @@ def rank_result(cfg, net, device, at_forward, history, epoch_times, steps, notic
 
 
 # ---- saved from 06_multi_gpu_concise.ipynb by make export: edit the notebook
+def data_loaders(cfg, rank, world_size):
+    """(training loader of this rank's share, its sampler, test loader, the data notice)."""
+    with contextlib.redirect_stdout(io.StringIO()) as notice:  # said once, by the caller
+        if cfg.data is not None:
+            train_set, test_set = (TensorDataset(*map(torch.from_numpy, cfg.data[name]))
+                                   for name in ('train', 'test'))
+        else:
+            train_set, test_set = helpers.fashion_mnist_datasets(
+                cfg.data_source, num_train=cfg.num_train, num_test=cfg.num_test)
+    sampler = DistributedSampler(train_set, world_size, rank, shuffle=True, seed=cfg.seed,
+                                 drop_last=True)  # each rank sees its own 1/world_size share
+    loader = DataLoader(train_set, cfg.batch_size // world_size, sampler=sampler,
+                        drop_last=True)
+    return loader, sampler, DataLoader(test_set, 256), notice.getvalue().strip()
+
+
 def train_epoch(model, loader, optimizer, device, crash_at=None):
     """One epoch of SGD on this rank's share of every batch; DDP averages the gradients over
     the ranks during backward. Returns this rank's (loss sum, correct, examples), left on the
@@ -196,6 +190,44 @@ def train(rank, world_size, config):
                          cfg.num_epochs * len(loader), notice)
     dist.barrier()  # every rank leaves together
     return result
+
+
+def buffers_at_forward(net):
+    """A dict that holds, under 'buffers', `net`'s float buffers as they were when its last
+    training forward pass began: DDP has just broadcast rank 0's there."""
+    kept = {}
+
+    def keep(module, args):
+        if module.training:
+            kept['buffers'] = float_buffers(module)
+    net.register_forward_pre_hook(keep)
+    return kept
+
+
+def plain_against_ddp(rank, world_size, config, steps, repeats):
+    """Time `steps` training steps of the plain module and of the same module wrapped in DDP,
+    in turns, on the same batches (loaded beforehand): one round to warm up, then `repeats`.
+    Returns {'plain': [seconds per round], 'ddp': [...]}. Run it in one process."""
+    cfg = check_config(config, world_size)
+    rank, world_size, device = launch.init_distributed(timeout=cfg.timeout)
+    torch.manual_seed(cfg.seed)
+    plain = helpers.resnet18(10, width=cfg.width).to(device)
+    wrapped = DistributedDataParallel(copy.deepcopy(plain), device_ids=[device.index]
+                                      if device.type == 'cuda' else None)
+    loader = data_loaders(cfg, rank, world_size)[0]
+    batches = [batch for batch, _ in zip(itertools.cycle(loader), range(steps))]
+    runs = {'plain': plain, 'ddp': wrapped}
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=cfg.lr) for name, m in runs.items()}
+    times = {name: [] for name in runs}
+    for repeat in range(repeats + 1):
+        for name in sorted(runs, reverse=repeat % 2 == 1):   # each goes first in turn
+            helpers.synchronize(device)
+            tik = time.perf_counter()
+            train_epoch(runs[name], batches, optimizers[name], device)
+            helpers.synchronize(device)
+            if repeat:   # round 0 warms up
+                times[name].append(time.perf_counter() - tik)
+    return times
 # ---- end of what 06_multi_gpu_concise.ipynb saves
 
 

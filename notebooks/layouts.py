@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
@@ -37,8 +38,8 @@ import helpers
 import pipeline_parallel
 import tensor_parallel
 import zero
-from collectives import CollectiveCounter
-from meters import SavedActivations, join, local
+from collectives import CollectiveCounter, tcp_bytes_sent
+from meters import SavedActivations, _Saved, join, local
 
 LAYOUTS = ('ddp', 'zero2', 'fsdp', 'tp', '1f1b', 'fsdp_tp')
 LABELS = {'ddp': 'DDP', 'zero2': 'ZeRO-2', 'fsdp': 'FSDP', 'tp': 'TP', '1f1b': '1F1B pipeline',
@@ -50,7 +51,7 @@ class JobConfig:
     """What layout_worker runs: the model (layers blocks, width wide), the global batch
     (tokens rows), the layouts and their degrees, and how many steps each."""
     width: int = 192
-    layers: int = 12
+    layers: int = 8
     tokens: int = 384
     microbatches: int = 8
     mesh_shape: tuple = (2, 2)
@@ -99,10 +100,19 @@ class ModuleActivations(SavedActivations):
 
     def _pack(self, t):
         with torch.no_grad():
-            mine = _address(t)
-        if mine is None or mine in {_address(p) for p in self.module.parameters()}:
+            mine = local(t)
+            if isinstance(mine, AsyncCollectiveTensor):  # TP's all-reduced output, not waited
+                mine = mine.trigger_wait()
+        address = _address(mine)
+        if address in self.skip | {_address(p) for p in self.module.parameters()}:
             return t
-        return super()._pack(t)
+        key = (self.round, mine.data_ptr(), mine.numel() * mine.element_size())
+        if key not in self.held:
+            self.held[key] = 0
+            self.live += key[2]
+            self.peak = max(self.peak, self.live)
+        self.held[key] += 1
+        return _Saved(self, t.detach(), key)
 
 
 def _address(t):
@@ -180,7 +190,7 @@ def run_layout(layout, cfg, rank, k, device):
     """Warm-up steps, timed steps (each from a barrier: the time every rank took) and one
     counted step. Returns this rank's times, bytes sent, bytes held and activations."""
     module, optimizer, meter, step = build(layout, cfg, rank, k, device)
-    times, counter = [], CollectiveCounter()
+    times, counter, wire = [], CollectiveCounter(), None
     for i in range(cfg.warmup_steps + cfg.timed_steps + 1):
         X, y = make_batch(cfg, i, device)
         counted = i == cfg.warmup_steps + cfg.timed_steps
@@ -189,8 +199,10 @@ def run_layout(layout, cfg, rank, k, device):
         meter.reset_peak()
         tik = time.perf_counter()
         if counted:
+            sent = tcp_bytes_sent() if dist.get_backend() == 'gloo' else None
             with counter:
                 step(X, y)
+            wire = None if sent is None else tcp_bytes_sent() - sent
         else:
             step(X, y)
         helpers.synchronize(device)
@@ -200,6 +212,7 @@ def run_layout(layout, cfg, rank, k, device):
     state, grad_shards = zero.optimizer_tensors(optimizer)
     held = zero.held_bytes(params, [p.grad for p in params] + grad_shards, state)
     return {'step_times': times, 'bytes_sent': counter.bytes, 'collectives': counter.calls,
+            'wire_bytes': wire,
             'held_bytes': held, 'activation_bytes': meter.peak - meter.base,
             'parameters': sum(local(p).numel() for p in params), 'tensors': len(params)}
 
@@ -216,7 +229,7 @@ def local_shape(layout, cfg, k):
             'fsdp_tp': (cfg.layers, 4 * cfg.width // tp, cfg.tokens // dp, 1)}[layout]
 
 
-def compute_alone(layout, cfg, k, device, repeats=3):
+def compute_alone(layout, cfg, k, device, repeats=2):
     """Seconds of this rank's compute in a layout with no message sent: its local blocks on its
     rows (in its micro-batches), forward, backward and Adam; every rank at once, as in the
     layout. The median of `repeats` after a warm-up."""

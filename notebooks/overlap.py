@@ -8,8 +8,9 @@ of the last layers' gradients runs while backward is still computing the first l
 `BucketedAllReduce` does the same with one hook per parameter, in the reverse order of
 `model.parameters()`, which is roughly that order.
 
-`buckets_by_bytes`, `all_reduce_after_backward`, `write_back` and `BucketedAllReduce` are
-written from notebook 06's `#@save overlap` cells (make export). `overlap_worker` (the
+`buckets_by_bytes`, `all_reduce_after_backward`, `write_back`, `BucketedAllReduce`, the timed
+loop (`time_variant`, `timed_rounds`) and `perfect_overlap_s` are written from notebook 06's
+`#@save overlap` cells (make export). `overlap_worker` (the
 experiment) and `bucket_sweep` (exercise 4) are process entry points for launch.run_workers,
 with their settings in OverlapConfig and SweepConfig; `plot_overlap` draws the bar chart.
 """
@@ -25,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import helpers
 import launch
-from stats import compare, median
+from stats import median
 
 
 # ---- saved from 06_multi_gpu_concise.ipynb by make export: edit the notebook
@@ -100,6 +101,58 @@ class BucketedAllReduce:
             work.wait()
             write_back(bucket, flat / dist.get_world_size())
         self._inflight = []
+
+
+def time_variant(me, model, how, bucketed=None):
+    """Seconds of one way to finish a backward pass on this rank (`me`: its examples me.X,
+    me.y, loss, parameters and a gradient-sized buffer me.flat), from a common start, the
+    slowest rank's. how: 'backward' (alone), 'after' (then one all-reduce), 'bucketed' (with
+    `bucketed`), 'alone' (an all-reduce of the gradient's size, no backward), 'copy' (flatten,
+    average and copy back the gradients, no communication). The forward pass is not timed."""
+    if how not in ('alone', 'copy'):
+        model.zero_grad(set_to_none=True)
+        out = me.loss(model(me.X), me.y)
+    helpers.synchronize(me.device)
+    dist.barrier()                     # every rank starts together
+    tik = time.perf_counter()
+    if how == 'alone':
+        dist.all_reduce(me.flat)
+    elif how == 'copy':
+        write_back(me.params, torch.cat([p.grad.reshape(-1) for p in me.params])
+                   / me.world_size)
+    elif how == 'bucketed':
+        with bucketed:
+            out.backward()
+            bucketed.wait()
+    else:
+        out.backward()
+        if how == 'after':
+            all_reduce_after_backward(model.parameters())
+    helpers.synchronize(me.device)
+    seconds = torch.tensor(time.perf_counter() - tik, device=me.device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)   # the slowest rank's time
+    return seconds.item()
+
+
+def timed_rounds(me, variants, repeats, passes):
+    """{name: [seconds, one per round]} for variants {name: (model, how[, bucketed])}: every
+    round times each variant in turn, as the median of `passes` timings in a row, after a
+    first round of one pass each that warms up."""
+    times = {name: [] for name in variants}
+    for repeat in range(repeats + 1):
+        for name, variant in variants.items():
+            passes_now = passes if repeat else 1
+            seconds = median([time_variant(me, *variant) for _ in range(passes_now)])
+            if repeat:
+                times[name].append(seconds)
+    return times
+
+
+def perfect_overlap_s(ov):
+    """The best a bucketed backward could do: the device must still run backward and the
+    copies (flatten, average, copy back), the link the all-reduce; at best the shorter of the
+    two hides entirely under the longer. From the medians measured alone."""
+    return max(ov['backward_s'] + ov['copy_s'], ov['allreduce_alone_s'])
 # ---- end of what 06_multi_gpu_concise.ipynb saves
 
 
@@ -155,7 +208,7 @@ def check_config(config, kind=OverlapConfig):
 
 class _Rank:
     """One rank's share of an experiment: ResNet-18 of `width`, `batch` examples of its own,
-    a buffer the size of the gradient, and the timing of one way to finish a backward pass."""
+    a buffer the size of the gradient (time_variant times one way to finish its backward)."""
 
     def __init__(self, cfg):
         self.rank, self.world_size, self.device = launch.init_distributed(timeout=cfg.timeout)
@@ -167,40 +220,6 @@ class _Rank:
         self.y = torch.randint(0, 10, (cfg.batch,), generator=g).to(self.device)
         self.flat = torch.zeros(sum(p.numel() for p in self.params), device=self.device)
         self.loss = nn.CrossEntropyLoss()
-
-    def seconds(self, model, how, bucketed=None):
-        """Seconds of one variant, from a common start (a barrier), the slowest rank's.
-        how: 'backward' (alone), 'after' (then one all-reduce), 'bucketed' (with `bucketed`),
-        'alone' (an all-reduce of the gradient's size, no backward), 'copy' (flatten, average
-        and copy back the gradients, no communication). The forward pass is not timed."""
-        if how not in ('alone', 'copy'):
-            model.zero_grad(set_to_none=True)
-            out = self.loss(model(self.X), self.y)
-        helpers.synchronize(self.device)
-        dist.barrier()                     # every rank starts together
-        tik = time.perf_counter()
-        if how == 'alone':
-            dist.all_reduce(self.flat)
-        elif how == 'copy':
-            write_back(self.params, torch.cat([p.grad.reshape(-1) for p in self.params])
-                        / self.world_size)
-        elif how == 'bucketed':
-            with bucketed:
-                out.backward()
-                bucketed.wait()
-        else:
-            out.backward()
-            if how == 'after':
-                all_reduce_after_backward(model.parameters())
-        helpers.synchronize(self.device)
-        seconds = torch.tensor(time.perf_counter() - tik, device=self.device)
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        return seconds.item()
-
-    def round_seconds(self, passes, model, how, bucketed=None):
-        """One round of a variant: the median of `passes` timings in a row (seconds), so that
-        a single pass disturbed by other work does not decide the round."""
-        return median([self.seconds(model, how, bucketed) for _ in range(passes)])
 
     def gradients(self, model):
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -224,16 +243,12 @@ def overlap_worker(rank, world_size, config):
     bucketed = BucketedAllReduce(me.net.parameters(), cfg.bucket_mb * 2**20)
     variants = {'backward_s': (me.net, 'backward'), 'copy_s': (me.net, 'copy'),
                 'allreduce_alone_s': (None, 'alone'), 'after_s': (me.net, 'after'),
-                'bucketed_s': (me.net, 'bucketed'), 'ddp_s': (ddp, 'backward')}
-    times = {name: [] for name in variants}
-    for repeat in range(cfg.repeats + 1):   # the first round (one pass each) warms up
-        for name, (model, how) in variants.items():
-            seconds = me.round_seconds(cfg.passes if repeat else 1, model, how, bucketed)
-            if repeat:
-                times[name].append(seconds)
-            if name == 'after_s':
-                after = me.gradients(me.net)
-        grads = me.gradients(me.net)           # the bucketed variant's (ddp has its own copy)
+                'bucketed_s': (me.net, 'bucketed', bucketed), 'ddp_s': (ddp, 'backward')}
+    times = timed_rounds(me, variants, cfg.repeats, cfg.passes)
+    time_variant(me, me.net, 'after')   # the same parameters and examples: the same gradients
+    after = me.gradients(me.net)
+    time_variant(me, me.net, 'bucketed', bucketed)
+    grads = me.gradients(me.net)           # ddp keeps its own copy, from its last round
     times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
                                                    times['allreduce_alone_s'])]
     result = {name: median(t) for name, t in times.items()}
@@ -265,14 +280,9 @@ def bucket_sweep(rank, world_size, config):
     cfg = check_config(config, SweepConfig)
     me = _Rank(cfg)
     syncs = {cap: BucketedAllReduce(me.net.parameters(), cap * 2**20) for cap in cfg.caps_mb}
-    times = {name: [] for name in [*syncs, *SWEEP_REFERENCES]}
-    for repeat in range(cfg.repeats + 1):
-        passes = cfg.passes if repeat else 1   # the first round warms up
-        for cap, sync in syncs.items():
-            times[cap].append(me.round_seconds(passes, me.net, 'bucketed', sync))
-        for name, how in SWEEP_REFERENCES.items():
-            times[name].append(me.round_seconds(passes, me.net, how))
-    times = {name: t[1:] for name, t in times.items()}
+    variants = {cap: (me.net, 'bucketed', sync) for cap, sync in syncs.items()}
+    variants.update({name: (me.net, how) for name, how in SWEEP_REFERENCES.items()})
+    times = timed_rounds(me, variants, cfg.repeats, cfg.passes)
     times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
                                                    times['allreduce_alone_s'])]
     small = torch.ones(SMALL_MESSAGE_BYTES // 4, device=me.device)
@@ -309,27 +319,26 @@ BAR_COLORS = {'backward_s': 'gray', 'allreduce_alone_s': 'silver', 'copy_s': 'ta
               'sequential_s': None, 'after_s': 'C1', 'bucketed_s': 'C0', 'ddp_s': 'C2'}
 
 
+def round_ratios(result, key, reference):
+    """The reference's time over `key`'s, round by round (above 1: `key` was faster in that
+    round). The rounds time every variant in turn, so these are paired repeats, the ratios
+    stats.compare_paired judges."""
+    return [r / t for t, r in zip(result['times'][key], result['times'][reference])]
+
+
 def timing_rows(result, names=None, reference=None):
     """Rows for report.table: each timing's median, fastest and slowest round (seconds).
     names: {key: row label}; TIMINGS by default (the overlap experiment). reference: a key;
-    each row then also gets its median over the reference's ('time / reference') and whether
-    its rounds differ from the reference's under the noise rule ('beyond noise', from
-    stats.compare, the same rule as every verdict)."""
+    each row then also gets its time over the reference's in the same round: the median of
+    those ratios ('time / reference') and their smallest and largest ('range over rounds')."""
     names = names or TIMINGS
     rows = {label: {'median': result[key], 'fastest': min(result['times'][key]),
                     'slowest': max(result['times'][key])} for key, label in names.items()}
     for key, label in names.items() if reference is not None else ():
-        c = compare(result['times'][key], result['times'][reference], label, reference)
-        rows[label].update({'time / reference': c.a_median / c.b_median,
-                            'beyond noise': c.differs})
+        ratios = [1 / r for r in round_ratios(result, key, reference)]
+        rows[label].update({'time / reference': median(ratios),
+                            'range over rounds': f'{min(ratios):.2f}\u2013{max(ratios):.2f}'})
     return rows
-
-
-def perfect_overlap_s(ov):
-    """The best a bucketed backward could do: the device must still run backward and the
-    copies (flatten, average, copy back), the link the all-reduce; at best the shorter of the
-    two hides entirely under the longer. From the medians measured alone."""
-    return max(ov['backward_s'] + ov['copy_s'], ov['allreduce_alone_s'])
 
 
 def plot_overlap(ov):

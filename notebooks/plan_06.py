@@ -55,17 +55,23 @@ GLOO_BYTES_S_06 = 0.5e9            # gloo all-reduce between processes of one ho
 NCCL_BYTES_S_06 = 20e9             # nccl between GPUs of one machine (PCIe or better)
 CPU_FIXED_S_06 = 32                # kernel, data, FLOP counts, timings, plots (2 cores, here)
 GPU_FIXED_S_06 = 60                # the same on a GPU machine, CUDA start-up included
-THROUGHPUT_STEPS_06 = 6            # exercise 2 times this many CPU steps, all threads and one
+THROUGHPUT_STEPS_06 = 2            # exercise 2 times this many CPU steps (after one to warm
+THROUGHPUT_ROUNDS_06 = 3           # up), all threads and one, in turns, this many rounds
+MACHINERY_TIMING_S_06 = 0.5        # plain module against one-process DDP: each timing about
+MACHINERY_STEPS_06 = (4, 32)       # this long, of this many steps at least and at most,
+MACHINERY_REPEATS_06 = 5           # in this many rounds (after one to warm up)
 BOOK_06 = {'width': 64, 'batch_size': 256, 'num_epochs': 10, 'num_train': 60000,
            'num_test': 10000}
 # On a CPU: 5 epochs of 1,024 examples at batch 32 (160 steps), the fewest with which a narrow
 # ResNet-18 learns the synthetic stand-in reliably (width 8, 8 seeds: test accuracy 0.84-0.91
 # after 5 epochs, 0.61-0.88 after 4). The width is what the budget sizes.
 CPU_RECIPE_06 = {'batch_size': 32, 'num_epochs': 5, 'num_train': 1024, 'num_test': 300}
-GPU_SCALES_06 = ((10, 60000), (5, 60000), (3, 60000), (2, 60000), (1, 60000), (1, 30000),
-                 (1, 15000), (1, 6000))   # (epochs, examples), largest first
+GPU_SCALES_06 = ((10, 60000), (5, 60000), (3, 60000), (2, 60000), (2, 30000), (2, 15000),
+                 (2, 10000), (2, 6000), (2, 3000))   # (epochs, examples), largest first:
+                 # at least 2 epochs, since a run's time is the median after the first
 # Where DDP's processes run, as the notebook's titles and tables name it (sharing, below).
-WHERE = {'gpus': 'a GPU per process (nccl)', 'gpu': 'processes sharing a GPU (gloo)',
+WHERE = {'gpus': 'a GPU per process (nccl)',
+         'gpu': 'processes sharing one GPU (gloo; a single process: nccl)',
          'cpu': 'CPU processes sharing the cores (gloo)'}
 
 
@@ -120,21 +126,36 @@ def host_exercise_s(machine, width):
     """Exercise 2 on the host CPU of a GPU machine: training steps with all threads, then with
     one (on a CPU machine CPU_FIXED_S_06 counts it)."""
     batch = 64 if width <= 16 else 8
-    flops = THROUGHPUT_STEPS_06 * batch * resnet18_size_06(width)[0]
+    steps = THROUGHPUT_ROUNDS_06 * (THROUGHPUT_STEPS_06 + 1)
+    flops = steps * batch * resnet18_size_06(width)[0]
     rate = CPU_CONV_EFFICIENCY_06 * machine.host_flops
     return flops / rate * (1 + machine.host_cores)
 
 
+def machinery_steps(machine, sizes):
+    """Training steps per timing of the plain module and of one-process DDP."""
+    fewest, most = MACHINERY_STEPS_06
+    return min(most, max(fewest, math.ceil(MACHINERY_TIMING_S_06 / step_s(machine, sizes, 1))))
+
+
+def machinery_s(machine, sizes):
+    """One process timing the plain module and one-process DDP in turns."""
+    steps = 2 * (MACHINERY_REPEATS_06 + 1) * machinery_steps(machine, sizes)
+    return worker_start_s_06(1, machine) + steps * step_s(machine, sizes, 1)
+
+
 def seconds(machine, sizes, counts):
     """The notebook's estimated time: DataParallel once per device count with a GPU each (else
-    once), DDP once per k in counts, the crash and the overlap jobs of 2 processes, the rest."""
+    once), DDP once per k in counts, the machinery timing, the crash and the overlap jobs of 2
+    processes, the rest."""
     if machine.on_gpu:
         fixed = GPU_FIXED_S_06 + host_exercise_s(machine, sizes['width'])
     else:
         fixed = CPU_FIXED_S_06 * (1.3e11 / machine.host_flops) ** 0.5
     dp_counts = [k for k in counts if k <= machine.gpus] or [1]
     return (fixed + sum(run_s(machine, sizes, k, dataparallel=True) for k in dp_counts)
-            + sum(run_s(machine, sizes, k) for k in counts) + 2 * worker_start_s_06(2, machine))
+            + sum(run_s(machine, sizes, k) for k in counts) + machinery_s(machine, sizes)
+            + 2 * worker_start_s_06(2, machine))
 
 
 def memory_bytes(machine, sizes, counts):
@@ -177,7 +198,8 @@ def plan_for(machine, num_gpus=2, device_counts=(1, 2), batch_size=None, width=N
     values = {**chosen, 'worker_timeout': int(60 + 3 * longest),
               'overlap_width': 64 if machine.on_gpu else 32,
               'overlap_batch': 32 if machine.on_gpu else 2,
-              'compute_batch': 64 if machine.on_gpu else 2}   # per device
+              'compute_batch': 64 if machine.on_gpu else 2,   # per device
+              'machinery_steps': machinery_steps(machine, chosen)}
     return Plan(values, cost(chosen), device_bytes=device_bytes, host_bytes=host_bytes)
 
 
@@ -243,5 +265,7 @@ def setup(**given):
                  device=gpus[0] if gpus else torch.device('cpu'), cores=os.cpu_count() or 1,
                  dp_counts=[k for k in counts if k <= len(gpus)] or [1], steps=steps,
                  ddp_config=ddp_config, overlap_config=overlap_config,
-                 sweep_config=sweep_config, compute_batch=plan['compute_batch'])
+                 sweep_config=sweep_config, compute_batch=plan['compute_batch'],
+                 machinery=(plan['machinery_steps'], MACHINERY_REPEATS_06),
+                 throughput_rounds=THROUGHPUT_ROUNDS_06)
 

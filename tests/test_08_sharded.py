@@ -341,3 +341,25 @@ def test_traffic_panel_shows_and_labels_every_strategy():
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert all(zero.LABELS[s] in legend for s in zero.STRATEGIES)
     plt.close(fig)
+
+
+def test_strategies_take_turns_with_a_different_one_first_at_every_step():
+    """Run order is taken out of the comparison: every step runs every strategy once, and
+    each strategy goes first equally often."""
+    calls = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self, i, X, y):
+            calls.append((i, self.name))
+
+    names = ('ddp', 'zero1', 'zero2', 'fsdp', 'fsdp_keep')
+    zero.take_turns({n: Fake(n) for n in names}, [(None, None)] * 10)
+    steps = [[n for i, n in calls if i == step] for step in range(10)]
+    assert all(sorted(s) == sorted(names) for s in steps)
+    firsts = [s[0] for s in steps]
+    assert all(firsts.count(n) == 2 for n in names)
+    assert zero.memory_mark(torch.device('cpu')) is None  # CPU processes: no peak counter
+    assert zero.memory_added(torch.device('cpu'), None) == 0
