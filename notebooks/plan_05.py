@@ -43,6 +43,8 @@ PARAMETERS = (
 LENET_TRAIN_FLOPS = 3 * 4.5e6   # LeNet's forward pass is 4.5 MFLOP an example; backward twice that
 LENET_PARAMS = 129_068
 CPU_LENET_EFFICIENCY = 0.25     # LeNet's small convolutions run at about a quarter of matmul's rate
+CPU_LENET_CORE_FLOPS = 2e10     # and at most this per core, loader and Python included: wide
+                                # vector units (AVX-512, AMX) raise matmul's rate, not LeNet's
 GPU_LENET_EFFICIENCY = 0.1      # tiny kernels: far from a GPU's matmul rate
 GPU_REPLICA_STEP_S = 3e-3       # launches and Python per replica per step (about 80 kernels)
 GPU_LOADER_S_PER_EXAMPLE = 1e-5  # DataLoader indexing and collating on a slow host, per example
@@ -56,17 +58,22 @@ ALLREDUCE_S = 3                  # the workers' all-reduce timings (12 rounds of
 HEADROOM = 0.8                   # of the budget: the rest for a machine busy with other work
 
 
+def _cpu_lenet_flops(flops, cores):
+    """LeNet's training rate on a CPU whose matrix products reach `flops` on `cores` cores."""
+    return min(flops * CPU_LENET_EFFICIENCY, cores * CPU_LENET_CORE_FLOPS)
+
+
 def host_work_s(machine, batch_size=256, microbatches=4):
     """Seconds of the work that runs on the host CPU on every machine, a GPU one included: the
     pipeline's two processes (one stage each, half the cores each) and their all-reduces."""
-    per_example = LENET_TRAIN_FLOPS / (machine.host_flops * CPU_LENET_EFFICIENCY)
+    per_example = LENET_TRAIN_FLOPS / _cpu_lenet_flops(machine.host_flops, machine.host_cores)
     return PIPELINE_ROUNDS_05 * microbatches * batch_size * per_example + ALLREDUCE_S
 
 
 def _step_s(machine, batch, k):
     """Seconds of one synchronous step of `batch` examples over k replicas on the device."""
     if not machine.on_gpu:
-        per_example = LENET_TRAIN_FLOPS / (machine.flops * CPU_LENET_EFFICIENCY)
+        per_example = LENET_TRAIN_FLOPS / _cpu_lenet_flops(machine.flops, machine.host_cores)
         return batch * per_example * (1 + 0.1 * (k - 1))  # emulated: k small passes
     per_example = LENET_TRAIN_FLOPS / (machine.flops * GPU_LENET_EFFICIENCY)
     return (batch * (per_example + GPU_LOADER_S_PER_EXAMPLE)
