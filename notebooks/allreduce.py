@@ -114,6 +114,19 @@ def naive_allreduce(tensor, ranks=None):
     return tensor
 
 
+def fit_link(round_trip):
+    '''alpha (s) and beta (bytes/s) of t = 2 alpha + S / beta, from {S: seconds}.'''
+    (s0, t0), (s1, t1), (s2, t2) = [(s, round_trip[s]) for s in sorted(round_trip)[:1]
+                                    + sorted(round_trip)[-2:]]
+    beta = (s2 - s1) / (t2 - t1)  # the slope between the two largest messages
+    return max(0.0, (t0 - s0 / beta) / 2), beta
+
+
+def link_model(alpha, beta):
+    return {'ring': lambda n, s: 2 * (n - 1) * (alpha + s / (n * beta)),
+            'naive': lambda n, s: 2 * (n - 1) * (alpha + s / beta)}
+
+
 def ring_both_ways(tensor, ranks=None):
     '''Sum `tensor` over `ranks` as two rings at once: its first half clockwise, its second
     half counter-clockwise (the ranks reversed), the second in a thread of its own. With three

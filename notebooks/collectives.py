@@ -48,6 +48,23 @@ def group_size(name, args):
 
 
 # ---- saved from 08_sharded_data_parallelism.ipynb by make export: edit the notebook
+ADAM_FP32 = {'parameters': 4, 'gradients': 4, 'optimizer state': 8}  # bytes per parameter
+ADAM_MIXED = {'parameters': 2, 'gradients': 2, 'optimizer state': 12}  # the paper's count
+SHARDED = {'ddp': (), 'zero1': ('optimizer state',),
+           'zero2': ('optimizer state', 'gradients'),
+           'fsdp': ('optimizer state', 'gradients', 'parameters')}
+
+
+def paper_bytes(strategy, k, per_parameter=ADAM_FP32):
+    """Bytes per parameter that one of k ranks holds, by kind (Rajbhandari et al., 2020)."""
+    return {kind: b / k if kind in SHARDED[strategy] else b for kind, b in per_parameter.items()}
+
+
+def paper_sent(strategy, k):
+    """Values one of k ranks sends per step, per parameter (the paper rounds to 2 and 3)."""
+    return (3 if strategy == 'fsdp' else 2) * (k - 1) / k
+
+
 def nbytes(tensors):
     """Bytes of a tensor, or of a list or tuple of them."""
     tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]

@@ -206,8 +206,8 @@ def buffers_at_forward(net):
 
 def plain_against_ddp(rank, world_size, config, steps, repeats):
     """Time `steps` training steps of the plain module and of the same module wrapped in DDP,
-    in turns, on the same batches (loaded beforehand): one round to warm up, then `repeats`.
-    Returns {'plain': [seconds per round], 'ddp': [...]}. Run it in one process."""
+    in turns, on the same batches (loaded beforehand), `repeats` rounds after 2 steps each to
+    warm up. Returns {'plain': [seconds per round], 'ddp': [...]}. Run it in one process."""
     cfg = check_config(config, world_size)
     rank, world_size, device = launch.init_distributed(timeout=cfg.timeout)
     torch.manual_seed(cfg.seed)
@@ -218,15 +218,16 @@ def plain_against_ddp(rank, world_size, config, steps, repeats):
     batches = [batch for batch, _ in zip(itertools.cycle(loader), range(steps))]
     runs = {'plain': plain, 'ddp': wrapped}
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=cfg.lr) for name, m in runs.items()}
+    for name, model in runs.items():   # warm-up: DDP rebuilds its buckets after step 1
+        train_epoch(model, batches[:2], optimizers[name], device)
     times = {name: [] for name in runs}
-    for repeat in range(repeats + 1):
+    for repeat in range(repeats):
         for name in sorted(runs, reverse=repeat % 2 == 1):   # each goes first in turn
             helpers.synchronize(device)
             tik = time.perf_counter()
             train_epoch(runs[name], batches, optimizers[name], device)
             helpers.synchronize(device)
-            if repeat:   # round 0 warms up
-                times[name].append(time.perf_counter() - tik)
+            times[name].append(time.perf_counter() - tik)
     return times
 # ---- end of what 06_multi_gpu_concise.ipynb saves
 

@@ -50,6 +50,7 @@ LABELS = {'ddp': 'DDP', 'zero2': 'ZeRO-2', 'fsdp': 'FSDP', 'tp': 'TP', '1f1b': '
 class JobConfig:
     """What layout_worker runs: the model (layers blocks, width wide), the global batch
     (tokens rows), the layouts and their degrees, and how many steps each."""
+    ranks: int = 4
     width: int = 192
     layers: int = 8
     tokens: int = 384
@@ -137,7 +138,8 @@ def build(layout, cfg, rank, k, device):
         return _pipeline(flat, cfg, rank, k, device, adam)
     if layout == 'ddp':
         module = nn.parallel.DistributedDataParallel(
-            flat, device_ids=[device.index] if device.type == 'cuda' else None)
+            flat, device_ids=[device.index] if device.type == 'cuda' else None,
+            gradient_as_bucket_view=True)  # the gradients live in the all-reduce buckets
         optimizer, share = adam(flat.parameters()), lambda X, y: _split(X, y, rank, k)
     elif layout == 'zero2':
         module, optimizer = flat, zero.ZeroAdam(flat, cfg.lr, stage=2)

@@ -65,6 +65,26 @@ LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,),
 
 
 # ---- saved from 09_tensor_and_pipeline_parallelism.ipynb by make export: edit the notebook
+def schedule(kind, p, m, s):
+    """Stage s's order of work: ('F', i) forward and ('B', i) backward of micro-batch i."""
+    if kind == 'gpipe':
+        return [('F', i) for i in range(m)] + [('B', i) for i in range(m)]
+    warmup = min(m, p - s)  # 1F1B: fill the pipeline, then one forward, one backward
+    order = [('F', i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [('B', i), ('F', warmup + i)]
+    return order + [('B', i) for i in range(m - warmup, m)]
+
+
+def in_flight(order):
+    """The most micro-batches whose activations a stage keeps at once."""
+    held = peak = 0
+    for kind, _ in order:
+        held += {'F': 1, 'B': -1}[kind]
+        peak = max(peak, held)
+    return peak
+
+
 SCHEDULE_CLASSES = {'gpipe': pipelining.ScheduleGPipe, '1f1b': pipelining.Schedule1F1B,
                     'interleaved': pipelining.ScheduleInterleaved1F1B}
 

@@ -57,9 +57,9 @@ CPU_FIXED_S_06 = 32                # kernel, data, FLOP counts, timings, plots (
 GPU_FIXED_S_06 = 60                # the same on a GPU machine, CUDA start-up included
 THROUGHPUT_STEPS_06 = 2            # exercise 2 times this many CPU steps (after one to warm
 THROUGHPUT_ROUNDS_06 = 3           # up), all threads and one, in turns, this many rounds
-MACHINERY_TIMING_S_06 = 0.5        # plain module against one-process DDP: each timing about
+MACHINERY_TIMING_S_06 = 0.25       # plain module against one-process DDP: each timing about
 MACHINERY_STEPS_06 = (4, 32)       # this long, of this many steps at least and at most,
-MACHINERY_REPEATS_06 = 5           # in this many rounds (after one to warm up)
+MACHINERY_REPEATS_06 = 5           # in this many rounds (after 2 steps each to warm up)
 BOOK_06 = {'width': 64, 'batch_size': 256, 'num_epochs': 10, 'num_train': 60000,
            'num_test': 10000}
 # On a CPU: 5 epochs of 1,024 examples at batch 32 (160 steps), the fewest with which a narrow
@@ -140,7 +140,7 @@ def machinery_steps(machine, sizes):
 
 def machinery_s(machine, sizes):
     """One process timing the plain module and one-process DDP in turns."""
-    steps = 2 * (MACHINERY_REPEATS_06 + 1) * machinery_steps(machine, sizes)
+    steps = 2 * (MACHINERY_REPEATS_06 * machinery_steps(machine, sizes) + 2)
     return worker_start_s_06(1, machine) + steps * step_s(machine, sizes, 1)
 
 

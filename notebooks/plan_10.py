@@ -15,7 +15,7 @@ from sizing import Plan, Setup
 
 MIN_TORCH = ('2.10', "torch.distributed.pipelining's schedules abort on gloo before 2.10")
 PARAMETERS = (
-    Param('num_gpus', 4, 'processes (ranks) every layout runs on'),
+    Param('num_gpus', 4, 'processes (ranks) every layout runs on', minimum=2),
     Param('width', None, "the blocks' width d (d -> 4d -> d); None: sized for this machine",
           optional=True),
     Param('layers', None, 'blocks in the stack; None: the smallest multiple of num_gpus >= 8',
@@ -85,7 +85,7 @@ def plan_for(machine, num_gpus=4, width=None, layers=None, tokens=None, microbat
     layers = layers or k * math.ceil(MIN_LAYERS / k)
     m = microbatches or 2 * k
     tokens = tokens or math.lcm(k, m) * math.ceil(TOKENS[device] / math.lcm(k, m))
-    job = JobConfig(width=width, layers=layers, tokens=tokens, microbatches=m,
+    job = JobConfig(ranks=k, width=width, layers=layers, tokens=tokens, microbatches=m,
                     mesh_shape=mesh or (1, k), layouts=layouts_for(k, mesh),
                     timed_steps=timed_steps, device=device, backend=backend,
                     collective_timeout=collective_timeout)
@@ -95,21 +95,16 @@ def plan_for(machine, num_gpus=4, width=None, layers=None, tokens=None, microbat
 
 
 def _check(v):
-    """Refuse, by name, sizes that the layouts cannot split evenly, before anything runs."""
+    """Refuse, by name, sizes that the layouts cannot split evenly, before anything runs:
+    FSDP, ZeRO and tensor parallelism split the width, the pipeline the layers, DDP and the
+    pipeline the batch."""
     k = v['num_gpus']
-    if v['width'] is not None and v['width'] % k:
-        raise ValueError(f'width={v["width"]} must divide by num_gpus={k}: FSDP, ZeRO and '
-                         'tensor parallelism split it evenly')
-    if v['layers'] is not None and v['layers'] % k:
-        raise ValueError(f'layers={v["layers"]} must divide by num_gpus={k}: the pipeline '
-                         'gives each stage as many blocks')
     m = v['microbatches'] or 2 * k
-    if m < k:
-        raise ValueError(f'microbatches={m} must be at least num_gpus={k}: 1F1B fills the '
-                         'pipeline with p micro-batches first')
-    if v['tokens'] is not None and v['tokens'] % math.lcm(k, m):
-        raise ValueError(f'tokens={v["tokens"]} must divide by num_gpus={k} and by '
-                         f'microbatches={m}')
+    if m < k:  # 1F1B fills the pipeline with p micro-batches first
+        raise ValueError(f'microbatches={m} must be at least num_gpus={k}')
+    for name, by in (('width', k), ('layers', k), ('tokens', math.lcm(k, m))):
+        if v[name] is not None and v[name] % by:
+            raise ValueError(f'{name}={v[name]} must divide by {by} (num_gpus={k}, m={m})')
 
 
 def setup(**given):
@@ -117,9 +112,6 @@ def setup(**given):
     by name, then the machine probed and the job planned. Shows what it chose."""
     parameters.check_torch(*MIN_TORCH)
     v = parameters.check(PARAMETERS, given)
-    if v['num_gpus'] < 2:
-        raise ValueError(f'num_gpus must be at least 2: one rank has no layout to compare, '
-                         f'got {v["num_gpus"]}')
     _check(v)
     machine = probe()
     plan = plan_for(machine, **{k: v[k] for k in ('num_gpus', 'width', 'layers', 'tokens',
@@ -134,5 +126,6 @@ def setup(**given):
     report.table({'this machine': {'cores': machine.host_cores, 'GPUs': machine.gpus,
                                    'busy': machine.busy, 'budget': plan['budget_s']}},
                  units={'busy': '%', 'budget': 's'})
-    return Setup([why_not] if why_not else [], **v, machine=machine, plan=plan, job=job,
-                 links=links, mesh_shape=plan['mesh_shape'])
+    sharing = v['num_gpus'] if job.device == 'cpu' else 1  # ranks computing on one device
+    return Setup([why_not] if why_not else [], **{**v, 'links': links}, machine=machine,
+                 plan=plan, job=job, mesh_shape=plan['mesh_shape'], sharing=sharing)
