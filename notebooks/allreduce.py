@@ -114,6 +114,25 @@ def naive_allreduce(tensor, ranks=None):
     return tensor
 
 
+def ping(x, empty, rank):
+    '''A round trip: rank 0 sends x to rank 1, which replies with an empty message.'''
+    if rank == 0:
+        dist.send(x, 1)
+        dist.recv(empty, 1)
+    elif rank == 1:
+        dist.recv(x, 0)
+        dist.send(empty, 0)
+
+
+def shift(x, inbox, rank, n):
+    '''One ring step with every link busy: each of the first n ranks sends x to its right
+    neighbour while it receives into inbox from its left.'''
+    if rank < n:
+        requests = [dist.isend(x, (rank + 1) % n), dist.irecv(inbox, (rank - 1) % n)]
+        for request in requests:
+            request.wait()
+
+
 def fit_link(round_trip):
     '''alpha (s) and beta (bytes/s) of t = 2 alpha + S / beta, from {S: seconds}.'''
     (s0, t0), (s1, t1), (s2, t2) = [(s, round_trip[s]) for s in sorted(round_trip)[:1]
@@ -199,7 +218,7 @@ def benchmark_worker(rank, world_size, sizes_bytes, repeats, group_sizes, segmen
     'race:dist.all_reduce' and 'race:<segments>', rank 0's CPU seconds per race entry as
     'cpu:dist.all_reduce' and 'cpu:<segments>', and dist.all_reduce's time over the ring's,
     repeat by repeat, as 'paired:<segments>' (each repeat runs both, one right after the
-    other: a busy moment slows both alike), and as 'paired' for the ring's default segments.
+    other), and as 'paired' for the ring's default segments.
     At the largest size, 'cpus:p2p' and 'cpus:shift' hold the CPU seconds of every process
     together per message or shift (the sender's and the receiver's work). The other ranks
     return None.
@@ -232,19 +251,10 @@ class _Bench:
                            'dist.all_reduce': lambda x, n: dist.all_reduce(x, group=groups[n])}
 
     def ping(self, x, n):  # rank 0 times the round trip itself: no barrier inside the sample
-        if self.rank == 0:
-            dist.send(x, 1)
-            dist.recv(self.empty, 1)
-        elif self.rank == 1:
-            dist.recv(x, 0)
-            dist.send(self.empty, 0)
+        ping(x, self.empty, self.rank)
 
-    def shift(self, x, n):  # every rank sends to its right and receives from its left at once
-        if self.rank < n:
-            requests = [dist.isend(x, (self.rank + 1) % n),
-                        dist.irecv(self.inbox, (self.rank - 1) % n)]
-            for request in requests:
-                request.wait()
+    def shift(self, x, n):
+        shift(x, self.inbox, self.rank, n)
 
     def sample(self, key, fn, x, n, number):
         """Time `number` calls of fn on the first n ranks, ending when the slowest ends."""

@@ -34,39 +34,6 @@ def check_push(key, value, shape):
                          f'{tuple(shape)}')
 
 
-class KVStore:
-    """In-process key-value store: push(key, value) adds into the key's pending sum, pull(key)
-    applies the pending sum through `updater` (default: replace) and returns the value.
-
-    The sum is deterministic: pending values are added in a canonical order (sorted by their
-    bytes), so the result is bit-identical whatever order the pushes arrived in. That makes a
-    run reproducible; it is not more accurate than any other fixed order of addition.
-    """
-
-    def __init__(self, updater=None):
-        self.updater = updater or (lambda key, total, value: total)
-        self._values, self._pending = {}, {}
-
-    def init(self, key, value):
-        if key in self._values:
-            raise KeyError(f'key {key!r} is already initialised')
-        self._values[key] = value.detach().clone()
-        self._pending[key] = []
-
-    def push(self, key, value):
-        check_key(key, self._values)
-        check_push(key, value, self._values[key].shape)
-        self._pending[key].append(value.detach().clone())
-
-    def pull(self, key):
-        check_key(key, self._values)
-        pending = self._pending[key]
-        if pending:
-            self._values[key] = self.updater(key, canonical_sum(pending), self._values[key])
-            self._pending[key] = []
-        return self._values[key].clone()
-
-
 # ---------------------------------------------------------------- process groups
 def _joined(timeout=120):
     """Join the process group unless an earlier experiment in this process already did."""
@@ -119,6 +86,34 @@ def canonical_sum(values):
     for v in sorted(values, key=lambda t: t.cpu().numpy().tobytes()):
         total += v
     return total
+
+
+class KVStore:
+    '''In-process key-value store: push(key, value) adds into the key's pending sum, pull(key)
+    applies the pending sum through `updater` (default: replace) and returns the value.'''
+
+    def __init__(self, updater=None):
+        self.updater = updater or (lambda key, total, value: total)
+        self._values, self._pending = {}, {}
+
+    def init(self, key, value):
+        if key in self._values:
+            raise KeyError(f'key {key!r} is already initialised')
+        self._values[key] = value.detach().clone()
+        self._pending[key] = []
+
+    def push(self, key, value):
+        check_key(key, self._values)
+        check_push(key, value, self._values[key].shape)
+        self._pending[key].append(value.detach().clone())
+
+    def pull(self, key):
+        check_key(key, self._values)
+        pending = self._pending[key]
+        if pending:
+            self._values[key] = self.updater(key, canonical_sum(pending), self._values[key])
+            self._pending[key] = []
+        return self._values[key].clone()
 
 
 def shard_by_bytes(shapes, servers):
@@ -221,6 +216,17 @@ def push_pull(store, params, X, y, steps):
     return params, step_times, compute_times
 
 
+def allreduce_steps(params, X, y, steps, lr, batch):
+    '''The same training without servers: dist.all_reduce sums each key's gradient on every
+    worker, and each takes the same SGD step (lr over all the workers' examples).'''
+    for step in steps:
+        grads = grads_of(params, X[step], y[step])
+        for key in sorted(grads):
+            dist.all_reduce(grads[key])
+            params[key] = params[key] - lr * grads[key] / (batch * dist.get_world_size())
+    return params
+
+
 def sgd_server(mode, flat, cfg, loss, message):
     '''sgd_worker's server: it sends a worker the weights `flat` and the id of its next batch
     in `message` (-1: stop) and receives the gradient. 'sync' steps once per round of every
@@ -263,6 +269,24 @@ def sgd_server(mode, flat, cfg, loss, message):
     return curve, updates, staleness
 
 
+def sgd_client(rank, cfg, shards, message):
+    '''sgd_worker's worker: answers each message (weights, then batch id k) with the gradient
+    of batch k (shard k % workers, its step k // workers) until k is -1; the last worker
+    sleeps cfg['straggler_s'] per batch. Returns how many batches it computed.'''
+    size, workers, done = message.numel() - 1, cfg['workers'], 0
+    dist.recv(message, 0)
+    while message[size] >= 0:
+        k = int(message[size])
+        X, y = shards[k % workers][0][k // workers], shards[k % workers][1][k // workers]
+        grad = flat_params(grads_of(unflat_params(message[:size], cfg['features']), X, y))
+        if rank == workers:
+            time.sleep(cfg['straggler_s'])
+        dist.send(grad, 0)
+        dist.recv(message, 0)
+        done += 1
+    return done
+
+
 def reduce_at_server(senders, like):
     '''The server's side: add what `senders` push, send each the sum; returns bytes received.'''
     total, buf = torch.zeros_like(like), torch.empty_like(like)
@@ -272,6 +296,16 @@ def reduce_at_server(senders, like):
     for r in senders:
         dist.send(total, r)
     return len(senders) * buf.numel() * buf.element_size()
+
+
+def flat_reduction(rank, workers, per, mine):
+    '''Every worker pushes to the server (rank `workers`) and pulls the sum back.'''
+    if rank == workers:
+        return reduce_at_server(range(workers), mine)
+    out = mine.clone()
+    dist.send(out, workers)
+    dist.recv(out, workers)
+    return out
 
 
 def hierarchical_reduction(rank, workers, per, mine):
@@ -387,12 +421,7 @@ def allreduce_train_worker(rank, world_size, config):
     cfg = {**PS_DEFAULTS, **config, 'workers': world_size}
     _joined()
     params, (X, y) = _model_and_data(cfg, rank)
-    for step in range(cfg['steps']):
-        grads = grads_of(params, X[step], y[step])
-        for key in sorted(grads):
-            dist.all_reduce(grads[key])
-            params[key] = params[key] - cfg['lr'] * grads[key] / (cfg['batch'] * world_size)
-    return params
+    return allreduce_steps(params, X, y, range(cfg['steps']), cfg['lr'], cfg['batch'])
 
 
 # ------------------------------------------------ synchronous against asynchronous SGD
@@ -400,11 +429,11 @@ SGD_DEFAULTS = {'workers': 2, 'features': 64, 'batch': 32, 'steps': 20, 'lr': 0.
                 'straggler_s': 0.02, 'modes': ('sync', 'async')}
 
 
-def _flat(params):
+def flat_params(params):
     return torch.cat([params['w'].reshape(-1), params['b']])
 
 
-def _unflat(flat, features):
+def unflat_params(flat, features):
     return {'w': flat[:features * 10].view(features, 10), 'b': flat[features * 10:]}
 
 
@@ -421,12 +450,12 @@ class Problem:
 
     def loss(self, flat):
         """Mean cross-entropy on all the data."""
-        p = _unflat(flat, self.features)
+        p = unflat_params(flat, self.features)
         return torch.nn.functional.cross_entropy(self.X @ p['w'] + p['b'], self.y).item()
 
     def grad(self, flat, X, y):
         """The gradient of the loss summed over the batch (X, y), at the weights `flat`."""
-        return _flat(grads_of(_unflat(flat, self.features), X, y))
+        return flat_params(grads_of(unflat_params(flat, self.features), X, y))
 
 
 def sgd_problem(config=None):
@@ -438,7 +467,7 @@ def sgd_problem(config=None):
                for k in range(w * cfg['steps'])]
     X = torch.cat([x.reshape(-1, cfg['features']) for x, _ in shards])
     y = torch.cat([labels.reshape(-1) for _, labels in shards])
-    return Problem(_flat(params), batches, X, y, cfg['features'])
+    return Problem(flat_params(params), batches, X, y, cfg['features'])
 
 
 def sgd_worker(rank, world_size, config):
@@ -460,30 +489,18 @@ def sgd_worker(rank, world_size, config):
         helpers.check_choice('mode', mode, ('sync', 'async'))
     _joined()
     params, shards = _model_and_data(cfg, None)
-    workers, features = cfg['workers'], cfg['features']
-    size = _flat(params).numel()  # batch id k: shard k % workers, its step k // workers
+    size = flat_params(params).numel()
     message = torch.empty(size + 1)  # parameters, then the id of the batch to compute (-1: stop)
     results, problem = {}, sgd_problem(cfg)
     for mode in cfg['modes']:
         if rank == 0:
-            flat, tik = _flat(params), time.perf_counter()
+            flat, tik = flat_params(params), time.perf_counter()
             loss = functools.partial(problem.loss, flat)  # the loss at flat as the server steps
             curve, updates, staleness = sgd_server(mode, flat, cfg, loss, message)
             results[mode] = _sgd_summary(curve, updates, staleness, time.perf_counter() - tik,
                                          cfg['steps'])
         else:
-            done = 0
-            dist.recv(message, 0)
-            while message[size] >= 0:
-                k = int(message[size])
-                X, y = shards[k % workers][0][k // workers], shards[k % workers][1][k // workers]
-                grad = _flat(grads_of(_unflat(message[:size], features), X, y))
-                if rank == workers:
-                    time.sleep(cfg['straggler_s'])
-                dist.send(grad, 0)
-                dist.recv(message, 0)
-                done += 1
-            results[mode] = done
+            results[mode] = sgd_client(rank, cfg, shards, message)
         dist.barrier()
     if rank != 0:
         return {'batches_done': results}
@@ -548,13 +565,3 @@ def hierarchical_worker(rank, world_size, config):
     exact = sum(gradient(r).double() for r in range(workers))
     return {'max_diff': (outcome['flat'] - outcome['hierarchical']).abs().max().item(),
             'flat_vs_exact': (outcome['flat'].double() - exact).abs().max().item()}
-
-
-def flat_reduction(rank, workers, per, mine):
-    """Every worker pushes to the server (rank `workers`) and pulls the sum back."""
-    if rank == workers:
-        return reduce_at_server(range(workers), mine)
-    out = mine.clone()
-    dist.send(out, workers)
-    dist.recv(out, workers)
-    return out

@@ -43,7 +43,7 @@ PARAMETERS = (
 LENET_TRAIN_FLOPS = 3 * 4.5e6   # LeNet's forward pass is 4.5 MFLOP an example; backward twice that
 LENET_PARAMS = 129_068
 CPU_LENET_EFFICIENCY = 0.25     # LeNet's small convolutions run at about a quarter of matmul's rate
-CPU_LENET_CORE_FLOPS = 2e10     # and at most this per core, loader and Python included: wide
+CPU_LENET_CORE_FLOPS = 1.5e10   # and at most this per core, loader and Python included: wide
                                 # vector units (AVX-512, AMX) raise matmul's rate, not LeNet's
 GPU_LENET_EFFICIENCY = 0.1      # tiny kernels: far from a GPU's matmul rate
 GPU_REPLICA_STEP_S = 3e-3       # launches and Python per replica per step (about 80 kernels)
@@ -188,7 +188,7 @@ def setup(**given):
     _check_num_train(v, v['num_train'], global_batches[-1])
     top = min(T1_LARGEST_05, v['num_train'])  # 1, 2, 4, ... up to 4 x the book's batch
     v['sync_batches'] = sorted(set(v['sync_batches'] or [2**i for i in range(top.bit_length())])
-                               | {per_device})
+                               | {per_device, v['batch_size']})  # batch_size: exercise 1
     devices = helpers.resolve_devices(v['num_gpus'], verbose=False)
     where = _precision_and_links(devices, v['threads_per_rank'])
     chosen = {'batch': v['batch_size'], 'epochs': v['num_epochs'], 'train': v['num_train'],

@@ -183,10 +183,11 @@ def setup(**given):
     small_config = {**config, 'backend': 'nccl' if backend == 'nccl' and gpus >= 2 else 'gloo'}
     exact_config = {**config, 'backend': 'gloo', 'device': 'cpu', 'hidden': ZERO_EXACT_HIDDEN,
                     'dtype': 'float64', 'strategies': ZERO_MAIN_STRATEGIES[:ZERO_STRATEGIES]}
+    threads = v['threads_per_rank'] or [helpers.cores_per_process(k) for k in ks]  # each k's
     chosen = {'k': ks, 'ranks on': f'{gpus} GPU(s)' if device == 'cuda' else 'the CPU',
               'backend': backend, 'hidden': config['hidden'],
               'parameters': zero_parameters(config['hidden']),
-              'threads per rank': v['threads_per_rank'] or 'cores // k',
+              'threads per rank': threads,
               'estimate (s)': round(plan.seconds), 'budget (s)': budget('08', machine)}
     return Setup([], **{**v, 'hidden': config['hidden']}, machine=machine, plan=plan, ks=ks,
                  k_max=max(ks), gpus_found=gpus, backend=backend, on_gpu=device == 'cuda',

@@ -73,20 +73,6 @@ def check_config(config, world_size):
 
 
 # ------------------------------------------------------------------ model and data
-def _layer_sizes(cfg):
-    widths = [cfg['in_features']] + [cfg['hidden']] * (cfg['num_hidden'] + 1) + [cfg['classes']]
-    return list(zip(widths[:-1], widths[1:]))
-
-
-def make_model(cfg):
-    """An MLP: in_features -> hidden (x num_hidden + 1) -> classes, the same on every rank."""
-    torch.manual_seed(cfg['seed'])
-    layers = []
-    for a, b in _layer_sizes(cfg):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers[:-1]).to(getattr(torch, cfg['dtype']))
-
-
 def num_parameters(cfg):
     return sum(a * b + b for a, b in _layer_sizes(cfg))
 
@@ -193,6 +179,18 @@ class ZeroAdam:
     def zero_grad(self):
         for p, owned in zip(self.params, self.owned):
             p.grad = owned.grad = None
+
+
+def _layer_sizes(cfg):
+    widths = [cfg['in_features']] + [cfg['hidden']] * (cfg['num_hidden'] + 1) + [cfg['classes']]
+    return list(zip(widths[:-1], widths[1:]))  # (inputs, outputs) of each Linear layer
+
+
+def make_model(cfg):
+    """An MLP: in_features -> hidden (x num_hidden + 1) -> classes, the same on every rank."""
+    torch.manual_seed(cfg['seed'])
+    layers = [m for a, b in _layer_sizes(cfg) for m in (nn.Linear(a, b), nn.ReLU())]
+    return nn.Sequential(*layers[:-1]).to(getattr(torch, cfg['dtype']))
 
 
 def build(strategy, cfg, device):
@@ -333,6 +331,34 @@ def run_strategy(strategy, cfg, batches, device, initial, reference=None):
     return run.results(initial, reference)
 
 
+def train_worker(rank, world_size, config):
+    """One rank: every strategy from the same initial model on the same data, the strategies
+    taking turns a step at a time (take_turns), so that whatever else the machine does falls
+    on all of them alike. DDP's parameters are the reference. Returns this rank's
+    measurements."""
+    cfg = check_config(config, world_size)
+    rank, world_size, device = start_rank(cfg)
+    batches = make_batches(cfg, WARMUP_STEPS + cfg['timed_steps'] + 1, rank, world_size, device)
+    order = ('ddp',) + tuple(s for s in cfg['strategies'] if s != 'ddp')
+    runs = {s: StrategyRun(s, cfg, device, len(batches)) for s in order}
+    take_turns(runs, batches)
+    results, reference = {}, None
+    initial = full_parameters(make_model(cfg))
+    for strategy in order:
+        results[strategy], flat = runs.pop(strategy).results(initial, reference)
+        if strategy == 'ddp':  # the reference for the others
+            reference = flat
+        if rank == 0:
+            launch.report(strategy=strategy,
+                          seconds_per_step=results[strategy]['seconds_per_step'])
+    probe = (wire_probe(math.ceil(num_parameters(cfg) / world_size))
+             if cfg['probe_wire'] and cfg['backend'] == 'gloo' else None)
+    dist.barrier()  # every rank leaves together
+    return {'rank': rank, 'world_size': world_size, 'backend': dist.get_backend(),
+            'device': str(device), 'parameters': num_parameters(cfg), 'strategies': results,
+            'wire_probe': probe}
+
+
 def regather_worker(rank, world_size, config, repeats=5, block_steps=8):
     """Exercise 1's timing: FSDP as usual ('fsdp') against FSDP keeping each layer gathered
     from forward to backward ('fsdp_keep'), which differ only in the backward pass's
@@ -439,34 +465,6 @@ def start_rank(cfg):
         return rank, world_size, torch.device('cpu')
     torch.cuda.set_device(device)  # FSDP's device mesh and DDP use the current device
     return rank, world_size, device
-
-
-def train_worker(rank, world_size, config):
-    """One rank: every strategy from the same initial model on the same data, the strategies
-    taking turns a step at a time (take_turns), so that whatever else the machine does falls
-    on all of them alike. DDP's parameters are the reference. Returns this rank's
-    measurements."""
-    cfg = check_config(config, world_size)
-    rank, world_size, device = start_rank(cfg)
-    batches = make_batches(cfg, WARMUP_STEPS + cfg['timed_steps'] + 1, rank, world_size, device)
-    order = ('ddp',) + tuple(s for s in cfg['strategies'] if s != 'ddp')
-    runs = {s: StrategyRun(s, cfg, device, len(batches)) for s in order}
-    take_turns(runs, batches)
-    results, reference = {}, None
-    initial = full_parameters(make_model(cfg))
-    for strategy in order:
-        results[strategy], flat = runs.pop(strategy).results(initial, reference)
-        reference = flat if strategy == 'ddp' else reference
-        if rank == 0:
-            launch.report(strategy=strategy,
-                          seconds_per_step=results[strategy]['seconds_per_step'])
-    probe = (wire_probe(math.ceil(num_parameters(cfg) / world_size))
-             if cfg['probe_wire'] and cfg['backend'] == 'gloo' else None)
-    dist.barrier()  # every rank leaves together
-    return {'rank': rank, 'world_size': world_size, 'backend': dist.get_backend(),
-            'device': str(device), 'parameters': num_parameters(cfg), 'strategies': results,
-            'wire_probe': probe}
-
 
 
 # ------------------------------------------------------------- what the notebook reads and draws

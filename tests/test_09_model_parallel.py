@@ -127,6 +127,10 @@ def test_mesh_worker_matches_one_process_and_the_papers_counts():
         for s, expected in sent.items():
             assert layouts[s]['counted_bytes_per_step'] == pytest.approx(expected, rel=0.03), s
         assert layouts['fsdp_tp']['bytes_per_rank'] == pytest.approx(16 * psi_tp / dp, rel=0.03)
+        times = layouts['fsdp_tp']['step_times']  # one timed step
+        assert len(times) == 1 and times[0] > 0
+        wire = layouts['fsdp_tp']['tcp_bytes_per_step']  # gloo's sockets: at least what it counted
+        assert wire is None or wire >= 0.9 * layouts['fsdp_tp']['counted_bytes_per_step']
         assert r['equivalence']['float32']['max_diff'] <= 1e-5
         assert r['equivalence']['float64']['max_diff'] <= 1e-12
         assert r['equivalence']['float32']['moved'] > 0
