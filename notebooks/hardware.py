@@ -7,7 +7,7 @@ The course explains speeds by this probe, not by guesses:
   may report a model number that does not match the flags it passes through);
 - `two_thread_scaling()`: whether two hardware threads behave as two cores, measured with
   work that needs the arithmetic units (matrix products) and work that waits on latency (a
-  chain of dependent additions). SMT siblings share one core's units: the first barely
+  comparison sort's mispredicted branches). SMT siblings share one core's units: the first barely
   scales, the second nearly doubles. A virtual machine's OS cannot see which it has;
 - `LoadMeter`: how much CPU other programs (and other virtual machines) took during a block;
 - `diagnose()`: all of it, as notebook 04 records it under `machine`, kept on disk for the
@@ -204,11 +204,11 @@ def _throughput(work, threads, seconds, cpus=None):
 
 def two_thread_scaling(seconds=0.15, repeats=3):
     """{'compute': x, 'latency': y}: how much more two threads got done than one, on work that
-    keeps the FMA units busy (256 x 256 fp32 products) and on work that waits on branches and
-    loads (sorting 65,536 integers), on one core's SMT siblings where the OS lists them.
+    keeps the FMA units busy (256 x 256 fp32 products) and on work that waits on mispredicted
+    branches (a comparison sort of 2**14 keys), on one core's SMT siblings where the OS lists them.
     Medians of `repeats` alternating runs; about 2 x kinds x repeats x `seconds` in all."""
     a = torch.randn(256, 256)
-    keys = torch.randint(0, 2**31 - 1, (2**16,), dtype=torch.int32)
+    keys = torch.randint(0, 2**31 - 1, (2**14,), dtype=torch.int32)  # < 2**15: no radix sort
     kinds = {'compute': lambda: a @ a, 'latency': lambda: torch.sort(keys)}
     ratios, cpus = {k: [] for k in kinds}, smt_pair()
     with helpers.num_threads(1):  # restored afterwards, for every library, by this thread
@@ -219,28 +219,29 @@ def two_thread_scaling(seconds=0.15, repeats=3):
                 one = _throughput(work, 1, seconds, cpus)
                 ratios[kind].append(_throughput(work, 2, seconds, cpus) / one)
     return {k: median(v) for k, v in ratios.items()}
-# ---- end of what 04_hardware.ipynb saves
 
 
-# What the measurement says the logical cores are. Decided by thresholds on the medians:
-# 1.6 or more is "scales", below 1.3 is "does not".
+# What the probe says the logical cores are: one sentence per kind
 CORES_TEMPLATES = {
-    'separate': '{n} logical cores that behave as separate cores: two threads did {compute:.2f}x '
-                'the FMA-bound work of one (matrix products) and {latency:.2f}x the '
-                'latency-bound work (sorting).',
-    'siblings': '{n} logical cores that behave as SMT siblings sharing one core\'s FMA units: '
-                'two threads did only {compute:.2f}x the FMA-bound work of one (matrix '
-                'products), but {latency:.2f}x the latency-bound work (sorting).',
-    'unclear': '{n} logical cores whose sharing the probe could not settle: two threads did '
-               '{compute:.2f}x the FMA-bound work of one (matrix products) and {latency:.2f}x '
-               'the latency-bound work (sorting), while other programs took {others:.0%} of '
-               'the CPU.',
+    'separate': """{n} logical cores that behave as separate cores: two threads did
+        {compute:.2f}x the FMA-bound work of one (matrix products) and {latency:.2f}x the
+        branch-bound work (sorting).""",
+    'siblings': """{n} logical cores that behave as SMT siblings sharing one core's FMA
+        units: two threads did only {compute:.2f}x the FMA-bound work of one (matrix
+        products), but {latency:.2f}x the branch-bound work (sorting).""",
+    'unclear': """{n} logical cores whose sharing the probe could not settle: two threads
+        did {compute:.2f}x the FMA-bound work of one (matrix products) and {latency:.2f}x
+        the branch-bound work (sorting), while other programs took {others:.0%} of the CPU.""",
     'one': 'one logical core: nothing to share.',
-    'noise': '{n} logical cores, but this probe is noise: two threads did {compute:.2f}x the '
-             'FMA-bound work of one and {latency:.2f}x the latency-bound work, and two threads '
-             'cannot do more than twice what one does (something slowed the one-thread runs).',
+    'noise': """{n} logical cores, but this probe is noise: two threads did {compute:.2f}x the
+        FMA-bound work of one and {latency:.2f}x the branch-bound work, and two threads
+        cannot do more than twice what one does (something slowed the one-thread runs).""",
 }
+
+
 TWO_THREADS_MAX = 2.0  # two threads can at most double one thread's work
+SCALES = 1.6  # two threads / one from which a kind of work counts as doubling
+SHARED = 1.3  # two threads / one below which the FMA units count as shared
 
 
 def above_two(scaling):
@@ -254,11 +255,17 @@ def what_the_cores_are(scaling, logical_cores, others_share=0.0):
     if logical_cores < 2:
         return 'one', CORES_TEMPLATES['one']
     compute, latency = scaling['compute'], scaling['latency']
-    kind = ('noise' if above_two(scaling) else
-            'separate' if compute >= 1.6 and latency >= 1.6 else
-            'siblings' if compute < 1.3 and latency >= 1.6 else 'unclear')
-    return kind, CORES_TEMPLATES[kind].format(n=logical_cores, compute=compute,
-                                              latency=latency, others=others_share)
+    kind = 'unclear'
+    if above_two(scaling):
+        kind = 'noise'
+    elif compute >= SCALES and latency >= SCALES:
+        kind = 'separate'
+    elif compute < SHARED and latency >= SCALES:
+        kind = 'siblings'
+    sentence = CORES_TEMPLATES[kind].format(n=logical_cores, compute=compute, latency=latency,
+                                            others=others_share)
+    return kind, ' '.join(sentence.split())
+# ---- end of what 04_hardware.ipynb saves
 
 
 # ---------------------------------------------------------------- background load

@@ -6,6 +6,7 @@
   the CPU time its thread got meanwhile.
 * `relative_diff` and `max_over_ranks` turn two results into one number: how far apart they
   are, the largest over the ranks.
+* `WireMeter` counts the bytes the process's TCP sockets sent meanwhile (gloo's traffic).
 * `join` starts a worker's process group and returns the device its lesson runs on.
 """
 import time
@@ -16,6 +17,7 @@ from torch import nn
 
 import helpers
 import launch
+from collectives import tcp_bytes_sent
 
 
 def local(t):
@@ -37,6 +39,27 @@ def join(cfg):
         return rank, k, torch.device('cpu')
     torch.cuda.set_device(device)  # DeviceMesh and the schedules use the current device
     return rank, k, device
+
+
+class WireMeter:
+    """The bytes this process's TCP sockets sent while the meter was active (`with`): what gloo
+    put on the wire. `bytes` stays None on nccl, which does not use them, or where the kernel
+    does not say."""
+
+    def __enter__(self):
+        self.start, self.bytes = None, None
+        if dist.get_backend() == 'gloo':
+            self.start = tcp_bytes_sent()
+        return self
+
+    def __exit__(self, *exc):
+        if self.start is not None:
+            self.bytes = tcp_bytes_sent() - self.start
+        return False
+
+    def per(self, n):
+        """The bytes per one of n steps (None where none were counted)."""
+        return None if self.bytes is None else self.bytes / n
 
 
 def max_over_ranks(value):

@@ -6,7 +6,8 @@ PipeDream-Flush (Narayanan et al., 2021, "Memory-Efficient Pipeline-Parallel DNN
 `pp_worker` checks every schedule against the single-process model, times each stage's work
 (meters.ChunkClock) and counts the activations it keeps (meters.SavedActivations).
 
-The taught code (build_pipeline, pipeline_step, make_stack, run_schedule) stands in the
+The taught code (schedule, in_flight, build_pipeline, pipeline_step, make_stack, run_schedule,
+and the wait's model: message_seconds, schedule_seconds) stands in the
 notebook's cells, and `make export` copies it here, between the marker lines; spawned workers
 import this module.
 """
@@ -149,6 +150,47 @@ def run_schedule(kind, m, cfg, blocks, X, y, reference, device):
     blocks.zero_grad(set_to_none=True)
     out['microbatch_bytes'] = microbatch_bytes(blocks, rank, p, v, X[:len(X) // m])
     return out
+
+
+def message_seconds(rows, width, device, repeats=21):
+    """One-way time of one micro-batch's activation (rows x width floats) from rank 0 to rank
+    1: the median of `repeats` round trips, halved. Ranks beyond 1 only wait."""
+    x, times = torch.zeros(rows, width, device=device), []
+    for _ in range(repeats + 1):  # the first round trip sets up the connection
+        dist.barrier()
+        helpers.synchronize(device)
+        tik = time.perf_counter()
+        if dist.get_rank() == 0:
+            dist.send(x, 1)
+            dist.recv(x, 1)
+        elif dist.get_rank() == 1:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+        helpers.synchronize(device)
+        times.append((time.perf_counter() - tik) / 2)
+    return sorted(times[1:])[repeats // 2]
+
+
+def schedule_seconds(m, blocks, X, y, device, group, steps=3):
+    """Seconds 1F1B's schedule spends per micro-batch outside the layers' compute when there is
+    nothing to wait for: this rank's layers as a one-stage pipeline of their own (`group` holds
+    only this rank), so no message is sent and no stage waits for another. The least of
+    `steps` steps, after a warm-up step."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    per_stage = len(blocks) // p
+    module = nn.Sequential(*blocks[rank * per_stage:(rank + 1) * per_stage])
+    stage = pipelining.PipelineStage(module, 0, 1, device, group=group)
+    schedule = pipelining.Schedule1F1B(stage, m, loss_fn=nn.CrossEntropyLoss())
+    clock, outside = ChunkClock(device), []
+    clock.time(stage)
+    for _ in range(steps + 1):
+        clock.start_step()
+        tik = time.perf_counter()
+        schedule.step(X, target=y)
+        helpers.synchronize(device)
+        outside.append(time.perf_counter() - tik - sum(e[1] - e[0] for e in clock.intervals()))
+        blocks.zero_grad(set_to_none=True)
+    return min(outside[1:]) / m
 # ---- end of what 09_tensor_and_pipeline_parallelism.ipynb saves
 
 
@@ -223,47 +265,6 @@ def lenet_reference(cfg):
             for t in mine:
                 t.grad = None
     return out
-
-
-def message_seconds(rows, width, device, repeats=21):
-    """One-way time of one micro-batch's activation (rows x width floats) from rank 0 to rank
-    1: the median of `repeats` round trips, halved. Ranks beyond 1 only wait."""
-    x, times = torch.zeros(rows, width, device=device), []
-    for _ in range(repeats + 1):  # the first round trip sets up the connection
-        dist.barrier()
-        helpers.synchronize(device)
-        tik = time.perf_counter()
-        if dist.get_rank() == 0:
-            dist.send(x, 1)
-            dist.recv(x, 1)
-        elif dist.get_rank() == 1:
-            dist.recv(x, 0)
-            dist.send(x, 0)
-        helpers.synchronize(device)
-        times.append((time.perf_counter() - tik) / 2)
-    return sorted(times[1:])[repeats // 2]
-
-
-def schedule_seconds(m, blocks, X, y, device, group, steps=3):
-    """Seconds 1F1B's schedule spends per micro-batch outside the layers' compute when there is
-    nothing to wait for: this rank's layers as a one-stage pipeline of their own (`group` holds
-    only this rank), so no message is sent and no stage waits for another. The least of
-    `steps` steps, after a warm-up step."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    per_stage = len(blocks) // p
-    module = nn.Sequential(*blocks[rank * per_stage:(rank + 1) * per_stage])
-    stage = pipelining.PipelineStage(module, 0, 1, device, group=group)
-    schedule = pipelining.Schedule1F1B(stage, m, loss_fn=nn.CrossEntropyLoss())
-    clock, outside = ChunkClock(device), []
-    clock.time(stage)
-    for _ in range(steps + 1):
-        clock.start_step()
-        tik = time.perf_counter()
-        schedule.step(X, target=y)
-        helpers.synchronize(device)
-        outside.append(time.perf_counter() - tik - sum(e[1] - e[0] for e in clock.intervals()))
-        blocks.zero_grad(set_to_none=True)
-    return min(outside[1:]) / m
 
 
 def _extras(cfg, inputs, layers, device):

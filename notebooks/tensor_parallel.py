@@ -7,10 +7,10 @@
 * FSDP x TP on a 2-D `DeviceMesh`: `mesh_worker` trains notebook 08's MLP with tensor
   parallelism on one dimension and FSDP on the other, beside 08's DDP and FSDP.
 
-The taught code (f and g, ShardedMLP, parallelize_mlp, tp_plan, fsdp_x_tp, NormMLP,
-sequence_parallelize) stands in the
-notebook's cells, and `make export` copies it here, between the marker lines; spawned workers
-import this module. The rest is written by hand.
+The taught code (f and g, ShardedMLP, parallelize_mlp, the checks one_pass and tp_check,
+tp_plan, fsdp_x_tp, run_mesh's timed loop, sgd_equivalence, NormMLP, sequence_parallelize)
+stands in the notebook's cells, and `make export` copies it here, between the marker lines;
+spawned workers import this module. The rest is written by hand.
 """
 import logging
 import time
@@ -33,8 +33,16 @@ from torch.nn import functional as F
 
 import helpers
 import zero
-from collectives import CollectiveCounter, tcp_bytes_sent
-from meters import SavedActivations, full, join, local, max_over_ranks, relative_diff
+from collectives import CollectiveCounter
+from meters import (
+    SavedActivations,
+    WireMeter,
+    full,
+    join,
+    local,
+    max_over_ranks,
+    relative_diff,
+)
 from stats import median
 
 DTYPES = ('float32', 'float64')  # float64: the same computation, without float32's rounding
@@ -140,6 +148,56 @@ def parallelize_mlp(mlp, mesh):
     return parallelize_module(mlp, mesh, {'up': ColwiseParallel(), 'down': RowwiseParallel()})
 
 
+def one_pass(model, X, params, sequence_shard=None):
+    """Forward and backward of sum(model(X)), with the collectives, the wire and the activations
+    counted. sequence_shard: (rank, t) when the model takes 1/t of the sequence (and returns it).
+    Returns the output, the gradient of the part of the input this rank fed, and the counts."""
+    x = X.detach().clone().requires_grad_()  # the input's gradient: f's all-reduce runs
+    inputs = sequence_part(x, sequence_shard)
+    counter, meter = CollectiveCounter(), SavedActivations(params)
+    dist.barrier()
+    with WireMeter() as wire:
+        with counter:
+            with meter:
+                y = model(inputs)
+            held = meter.live  # the activations kept for the backward pass
+            local(y).sum().backward()
+        dist.barrier()
+    weights = sum(local(p).numel() * local(p).element_size() for p in params)
+    return full(y).detach(), sequence_part(x.grad, sequence_shard), {
+        'counted_bytes': counter.bytes, 'collectives': counter.calls, 'wire_bytes': wire.bytes,
+        'weight_bytes': weights, 'activation_bytes': held}
+
+
+def tp_check(cfg, device, dtype, rank, t):
+    """The MLP on one process, split by hand (f and g), and split by parallelize_module: the
+    same input, forward and backward. Returns the largest differences from the single-process
+    model (forward, gradients) and what each pass counted."""
+    torch.manual_seed(cfg.seed)
+    dt = getattr(torch, dtype)
+    single = MLP(cfg.d_model, cfg.hidden).to(device, dt)
+    X = make_tokens(cfg, device, dt)
+    y0, dx0, measured = one_pass(single, X, list(single.parameters()))
+    grads0 = {n: p.grad for n, p in single.named_parameters()}
+    out = {'single': measured}
+
+    by_hand = ShardedMLP(single, rank, t)
+    y, dx, out['by_hand'] = one_pass(by_hand, X, list(by_hand.parameters()))
+    n = cfg.hidden // t
+    mine = slice(rank * n, (rank + 1) * n)  # this rank's slice of the single model's gradients
+    expected = {'up_weight': grads0['up.weight'][mine], 'up_bias': grads0['up.bias'][mine],
+                'down_weight': grads0['down.weight'][:, mine], 'down_bias': grads0['down.bias']}
+    out['by_hand'].update(diffs_over_ranks(y, y0, dx, dx0, [
+        (p.grad, expected[name]) for name, p in by_hand.named_parameters()]))
+
+    mesh = init_device_mesh(device.type, (t,))
+    library = parallelize_mlp(copy_of(single, cfg, dt, device), mesh)
+    y, dx, out['library'] = one_pass(library, X, list(library.parameters()))
+    out['library'].update(diffs_over_ranks(y, y0, dx, dx0, [
+        (full(p.grad), grads0[name]) for name, p in library.named_parameters()]))
+    return out
+
+
 def tp_plan(module):
     """Pairs of consecutive linear layers, the first by columns and the second by rows, as in
     the MLP above (an odd last layer stays whole on every rank)."""
@@ -163,6 +221,66 @@ def fsdp_x_tp(module, mesh):
             fully_shard(layer, mesh=mesh['dp'])
     fully_shard(module, mesh=mesh['dp'])
     return module
+
+
+def timed_step(module, optimizer, X, y, device):
+    """One Adam step; its seconds, once the device has finished it."""
+    helpers.synchronize(device)
+    tik = time.perf_counter()
+    optimizer.zero_grad()
+    nn.CrossEntropyLoss()(module(X), y).backward()
+    optimizer.step()
+    helpers.synchronize(device)
+    return time.perf_counter() - tik
+
+
+def run_mesh(cfg, zero_cfg, device, reference):
+    """Notebook 08's measurement (zero.run_strategy) for FSDP x TP: warm-up steps, timed steps,
+    then a step whose collectives are counted. Bytes held per rank, sent per step, the timed
+    steps' seconds, and the distance from DDP's parameters (`reference`)."""
+    mesh = make_mesh(device, cfg.mesh_shape)
+    module = fsdp_x_tp(zero.make_model(zero_cfg).to(device), mesh)
+    optimizer = torch.optim.Adam(module.parameters(), lr=cfg.lr)
+    batches = group_batches(cfg, zero_cfg, zero.WARMUP_STEPS + cfg.timed_steps + 1, mesh, device)
+    for X, y in batches[:zero.WARMUP_STEPS]:
+        timed_step(module, optimizer, X, y, device)
+    with WireMeter() as wire:
+        times = [timed_step(module, optimizer, X, y, device)
+                 for X, y in batches[zero.WARMUP_STEPS:-1]]
+    with CollectiveCounter() as counter:
+        timed_step(module, optimizer, *batches[-1], device)
+    params = list(module.parameters())
+    held = zero.held_bytes(params, [p.grad for p in params], zero.optimizer_tensors(optimizer)[0])
+    apart = (zero.full_parameters(module) - reference).abs().max().item()
+    return {'held_bytes': held, 'bytes_per_rank': max_over_ranks(sum(held.values())),
+            'local_parameters': sum(local(p).numel() for p in params),
+            'seconds_per_step': max_over_ranks(median(times)), 'step_times': times,
+            'counted_bytes_per_step': counter.bytes, 'collectives_per_step': counter.calls,
+            'tcp_bytes_per_step': wire.per(len(times)), 'max_diff_vs_ddp': max_over_ranks(apart)}
+
+
+def sgd_equivalence(cfg, zero_cfg, device, dtype, steps=2):
+    """`steps` SGD steps of FSDP x TP against the single-process model on the global batch:
+    the largest parameter difference, relative to the largest parameter, and how far the
+    steps moved the parameters, in the same unit."""
+    zero_cfg = {**zero_cfg, 'dtype': dtype}
+    mesh = make_mesh(device, cfg.mesh_shape)
+    single, module = smooth(zero.make_model(zero_cfg)).to(device), smooth(zero.make_model(zero_cfg))
+    module = fsdp_x_tp(module.to(device), mesh)
+    k = cfg.mesh_shape[0] * cfg.mesh_shape[1]
+    everything = zero.make_batches({**zero_cfg, 'batch_per_rank': cfg.batch_per_rank * k},
+                                   steps, 0, 1, device)  # the global batch, on one process
+    for model, batches in ((single, everything),
+                           (module, group_batches(cfg, zero_cfg, steps, mesh, device))):
+        sgd = torch.optim.SGD(model.parameters(), lr=cfg.sgd_lr)
+        for X, y in batches:
+            sgd.zero_grad()
+            nn.CrossEntropyLoss()(model(X), y).backward()
+            sgd.step()
+    trained = zero.full_parameters(single)
+    initial = zero.full_parameters(zero.make_model(zero_cfg)).to(device)
+    return {'max_diff': max_over_ranks(relative_diff(zero.full_parameters(module), trained)),
+            'moved': relative_diff(trained, initial)}
 
 
 class NormMLP(nn.Module):
@@ -191,74 +309,23 @@ def sequence_parallelize(block, mesh, sequence_parallel):
 
 
 # ------------------------------------------------------------ the tensor-parallel checks
-def _one_pass(model, X, params, sequence_shard=None):
-    """Forward and backward of sum(model(X)) with the collectives, the wire and the activations
-    counted. sequence_shard: (rank, t) when the model takes 1/t of the sequence (and returns it).
-    Returns the output, the gradient of the part of the input this rank fed, and the
-    measurements."""
-    x = X.detach().clone().requires_grad_()
-    inputs = _shard(x, sequence_shard)
-    counter, meter = CollectiveCounter(), SavedActivations(params)
-    dist.barrier()
-    sent = tcp_bytes_sent() if dist.get_backend() == 'gloo' else None
-    with counter:
-        with meter:
-            y = model(inputs)
-        held = meter.live  # the activations kept for the backward pass
-        local(y).sum().backward()
-    dist.barrier()
-    wire = None if sent is None else tcp_bytes_sent() - sent
-    weights = sum(local(p).numel() * local(p).element_size() for p in params)
-    return full(y).detach(), _shard(x.grad, sequence_shard), {
-        'counted_bytes': counter.bytes, 'collectives': counter.calls, 'wire_bytes': wire,
-        'weight_bytes': weights, 'activation_bytes': held}
-
-
-def _shard(x, sequence_shard):
+def sequence_part(x, sequence_shard):
+    """This rank's 1/t of x along the sequence, for sequence_shard = (rank, t); None: all of x."""
     return x if sequence_shard is None else x.tensor_split(sequence_shard[1], 1)[sequence_shard[0]]
 
 
-def _tokens(cfg, device, dtype):
+def make_tokens(cfg, device, dtype):
     g_cpu = torch.Generator().manual_seed(cfg.seed + 1)
     return torch.randn(cfg.tp_batch, cfg.tp_seq, cfg.d_model, generator=g_cpu).to(device, dtype)
 
 
-def tp_check(cfg, device, dtype, rank, t):
-    """The MLP on one process, split by hand (f and g), and split by parallelize_module: the
-    same input, forward and backward. Returns the largest differences from the single-process
-    model (forward, gradients) and what each pass counted."""
-    torch.manual_seed(cfg.seed)
-    dt = getattr(torch, dtype)
-    single = MLP(cfg.d_model, cfg.hidden).to(device, dt)
-    X = _tokens(cfg, device, dt)
-    y0, dx0, measured = _one_pass(single, X, list(single.parameters()))
-    grads0 = {n: p.grad for n, p in single.named_parameters()}
-    out = {'single': measured}
-
-    by_hand = ShardedMLP(single, rank, t)
-    y, dx, out['by_hand'] = _one_pass(by_hand, X, list(by_hand.parameters()))
-    n = cfg.hidden // t
-    mine = slice(rank * n, (rank + 1) * n)
-    expected = {'up_weight': grads0['up.weight'][mine], 'up_bias': grads0['up.bias'][mine],
-                'down_weight': grads0['down.weight'][:, mine], 'down_bias': grads0['down.bias']}
-    out['by_hand'].update(_diffs(y, y0, dx, dx0, [(p.grad, expected[name])
-                                                  for name, p in by_hand.named_parameters()]))
-
-    mesh = init_device_mesh(device.type, (t,))
-    library = parallelize_mlp(_copy(single, cfg, dt, device), mesh)
-    y, dx, out['library'] = _one_pass(library, X, list(library.parameters()))
-    out['library'].update(_diffs(y, y0, dx, dx0, [(full(p.grad), grads0[name])
-                                                  for name, p in library.named_parameters()]))
-    return out
-
-
-def _copy(module, cfg, dtype, device):
+def copy_of(module, cfg, dtype, device):
     clone = type(module)(cfg.d_model, cfg.hidden).to(device, dtype)
     clone.load_state_dict(module.state_dict())
     return clone
 
 
-def _diffs(y, y0, dx, dx0, grads):
+def diffs_over_ranks(y, y0, dx, dx0, grads):
     """The largest relative differences over the ranks: of the outputs, and of every gradient
     (the parameters' and the input's)."""
     grad = max([relative_diff(a, b) for a, b in grads] + [relative_diff(dx, dx0)])
@@ -271,9 +338,9 @@ def sp_check(cfg, device, rank, t):
     differences from the single-process block, collectives, and activations per rank."""
     torch.manual_seed(cfg.seed)
     single = NormMLP(cfg.d_model, cfg.hidden).to(device)
-    X = _tokens(cfg, device, torch.float32)
+    X = make_tokens(cfg, device, torch.float32)
     out = {}
-    y0, dx0, out['single'] = _one_pass(single, X, list(single.parameters()))
+    y0, dx0, out['single'] = one_pass(single, X, list(single.parameters()))
     grads0 = {n: p.grad for n, p in single.named_parameters()}
     mesh = init_device_mesh(device.type, (t,))
     for name, sp in (('tensor parallel', False), ('sequence parallel', True)):
@@ -281,9 +348,9 @@ def sp_check(cfg, device, rank, t):
         block.load_state_dict(single.state_dict())
         block = sequence_parallelize(block, mesh, sp)
         shard = (rank, t) if sp else None
-        y, dx, out[name] = _one_pass(block, X, list(block.parameters()), shard)
-        out[name].update(_diffs(y, y0, dx, _shard(dx0, shard), [(full(p.grad), grads0[n])
-                                                 for n, p in block.named_parameters()]))
+        y, dx, out[name] = one_pass(block, X, list(block.parameters()), shard)
+        out[name].update(diffs_over_ranks(y, y0, dx, sequence_part(dx0, shard), [
+            (full(p.grad), grads0[n]) for n, p in block.named_parameters()]))
     return out
 
 
@@ -297,11 +364,11 @@ def tp_worker(rank, world_size, cfg):
 
 
 # ------------------------------------------------------------------ FSDP x TP, 2-D mesh
-def _mesh(device, shape):
+def make_mesh(device, shape):
     return init_device_mesh(device.type, tuple(shape), mesh_dim_names=('dp', 'tp'))
 
 
-def _group_batches(cfg, zero_cfg, steps, mesh, device):
+def group_batches(cfg, zero_cfg, steps, mesh, device):
     """The examples of this rank's data-parallel group: the DDP shares of its tp ranks, joined,
     so that the global batch is the one DDP trains on."""
     dp, tp = cfg.mesh_shape
@@ -312,52 +379,6 @@ def _group_batches(cfg, zero_cfg, steps, mesh, device):
             for i in range(steps)]
 
 
-def _timed_step(module, optimizer, X, y, device, counter):
-    helpers.synchronize(device)
-    tik = time.perf_counter()
-    with counter if counter is not None else _nothing():
-        optimizer.zero_grad()
-        nn.CrossEntropyLoss()(module(X), y).backward()
-        optimizer.step()
-    helpers.synchronize(device)
-    return time.perf_counter() - tik
-
-
-def run_mesh(cfg, zero_cfg, device, reference):
-    """Notebook 08's measurement (zero.run_strategy) for FSDP x TP: Adam steps, the last one
-    counted; bytes held per rank, sent per step, and the distance from DDP's parameters."""
-    mesh = _mesh(device, cfg.mesh_shape)
-    module = fsdp_x_tp(zero.make_model(zero_cfg).to(device), mesh)
-    optimizer = torch.optim.Adam(module.parameters(), lr=cfg.lr)
-    batches = _group_batches(cfg, zero_cfg, zero.WARMUP_STEPS + cfg.timed_steps + 1, mesh,
-                             device)
-    times, counter, on_tcp = [], None, dist.get_backend() == 'gloo'
-    for step, (X, y) in enumerate(batches):
-        if step == zero.WARMUP_STEPS:
-            start = tcp_bytes_sent() if on_tcp else None
-        if step == len(batches) - 1:
-            end, counter = (tcp_bytes_sent() if on_tcp else None), CollectiveCounter()
-        times.append(_timed_step(module, optimizer, X, y, device, counter))
-    params = list(module.parameters())
-    held = zero.held_bytes(params, [p.grad for p in params], zero.optimizer_tensors(optimizer)[0])
-    flat = zero.full_parameters(module)
-    timed = times[zero.WARMUP_STEPS:-1]
-    return {'held_bytes': held, 'bytes_per_rank': max_over_ranks(sum(held.values())),
-            'local_parameters': sum(local(p).numel() for p in params),
-            'seconds_per_step': max_over_ranks(median(timed)),
-            'counted_bytes_per_step': counter.bytes, 'collectives_per_step': counter.calls,
-            'tcp_bytes_per_step': None if start is None else (end - start) / len(timed),
-            'max_diff_vs_ddp': max_over_ranks((flat - reference).abs().max().item())}
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def smooth(model):
     """08's MLP with GELU in place of ReLU (see pipeline_parallel.make_stack): the same layers
     and parameters."""
@@ -365,30 +386,6 @@ def smooth(model):
         if isinstance(layer, nn.ReLU):
             model[i] = nn.GELU()
     return model
-
-
-def sgd_equivalence(cfg, zero_cfg, device, dtype, steps=2):
-    """`steps` SGD steps of FSDP x TP against the single-process model on the global batch:
-    the largest parameter difference, relative to the largest parameter, and how far the
-    steps moved the parameters, in the same unit."""
-    zero_cfg = {**zero_cfg, 'dtype': dtype}
-    mesh = _mesh(device, cfg.mesh_shape)
-    single, module = smooth(zero.make_model(zero_cfg)).to(device), smooth(zero.make_model(zero_cfg))
-    module = fsdp_x_tp(module.to(device), mesh)
-    k = cfg.mesh_shape[0] * cfg.mesh_shape[1]
-    everything = zero.make_batches({**zero_cfg, 'batch_per_rank': cfg.batch_per_rank * k},
-                                   steps, 0, 1, device)
-    for model, batches in ((single, everything),
-                           (module, _group_batches(cfg, zero_cfg, steps, mesh, device))):
-        sgd = torch.optim.SGD(model.parameters(), lr=cfg.sgd_lr)
-        for X, y in batches:
-            sgd.zero_grad()
-            nn.CrossEntropyLoss()(model(X), y).backward()
-            sgd.step()
-    trained = zero.full_parameters(single)
-    initial = zero.full_parameters(zero.make_model(zero_cfg)).to(device)
-    return {'max_diff': max_over_ranks(relative_diff(zero.full_parameters(module), trained)),
-            'moved': relative_diff(trained, initial)}
 
 
 def mesh_worker(rank, world_size, cfg):
