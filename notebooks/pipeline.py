@@ -2,7 +2,8 @@
 time two processes take to all-reduce a gradient (the lecture's t2); also the small helpers the
 notebook's cells call (precision settings, parameter distances, the pipeline's idle time).
 
-The taught code (`stage0`, `stage1`, `pipeline_step`) stands in the notebook's `#@save pipeline`
+The taught code (`gpu_precision`, `stage0`, `stage1`, `pipeline_step`, `time_allreduce`,
+`idle_share`, `span`, `quickest_step`) stands in the notebook's `#@save pipeline`
 cells and is copied here by `make export`: spawned worker processes import the function they
 run, so the code a learner reads is the code the workers run. Notebook 09 imports it too.
 The notebook starts the workers with `launch.run_workers(pipeline.worker, 2, ...)`; each gets its
@@ -19,13 +20,25 @@ from torch.nn import functional as F
 import launch
 
 STAGE0_PARAMS = 2  # params[:2] (conv1) belong to stage 0, params[2:] to stage 1
-ALLREDUCE_CALLS = 4  # all-reduces timed back to back, per repeat: at least this many,
-ALLREDUCE_MIN_S = 0.004  # and enough to last this long
-ALLREDUCE_WARMUP = 5  # untimed all-reduces of each size first
 WARMUP_ROUNDS = 3  # untimed steps at every m, before any step is timed
 
 
 # ---- saved from 05_multi_gpu_from_scratch.ipynb by make export: edit the notebook
+@contextlib.contextmanager
+def gpu_precision(tf32_convolutions):
+    """cuDNN convolutions in TF32 (torch's default) or in full fp32, matrix products in fp32
+    (torch's default); the previous settings come back afterwards. No effect on a CPU.
+    set_float32_matmul_precision sets torch's old and new matmul settings together."""
+    saved = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    torch.backends.cudnn.allow_tf32 = tf32_convolutions
+    torch.set_float32_matmul_precision('highest')
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+
+
 def stage0(X, params):
     """LeNet's first block: convolution, ReLU, pooling."""
     W1, b1 = params
@@ -81,6 +94,52 @@ def pipeline_step(rank, params, X, y, m, activation_shape):
     for handle in handles:
         handle.wait()
     return events, sent
+
+
+def time_allreduce(numels, repeats, min_s=0.004, at_least=4, warmup=5):
+    """t2: {numel: seconds of one all-reduce of that many floats, one per repeat}, between this
+    process and the others. A repeat is the mean of enough calls in a row to last min_s, and
+    at least `at_least`: a barrier releases the ranks a moment apart, and a single call would
+    count that moment as latency. Every rank must call it with the same arguments."""
+    buffers = {numel: torch.ones(numel) for numel in numels}
+    calls = {}
+    for numel, buffer in buffers.items():
+        for _ in range(warmup):  # untimed: the first calls set up connections and buffers
+            dist.all_reduce(buffer)
+        start = time.perf_counter()
+        dist.all_reduce(buffer)
+        wanted = torch.tensor([min_s / max(time.perf_counter() - start, 1e-6)])
+        dist.all_reduce(wanted, op=dist.ReduceOp.MAX)  # every rank makes the same calls
+        calls[numel] = max(at_least, math.ceil(wanted.item()))
+    times = {numel: [] for numel in buffers}
+    for _ in range(repeats):  # every size in turn: a busier moment slows every size alike
+        for numel, buffer in buffers.items():
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(calls[numel]):
+                dist.all_reduce(buffer)
+            times[numel].append((time.perf_counter() - start) / calls[numel])
+    return times
+
+
+def span(events):
+    """Seconds from the first start on any rank to the last end on any rank."""
+    return max(e[1] for ev in events for e in ev) - min(e[0] for ev in events for e in ev)
+
+
+def idle_share(events):
+    """(idle share of the step, busy seconds of each stage) from one step's compute intervals
+    (start, end, kind) per rank: 1 - the stages' busy time / (p x the step's span)."""
+    busy = [sum(e[1] - e[0] for e in ev) for ev in events]
+    return 1 - sum(busy) / (len(busy) * span(events)), busy
+
+
+def quickest_step(workers, m):
+    """(idle share, busy seconds per stage, events per rank) of the timed step with m
+    micro-batches that took least time from its first start to its last end."""
+    steps = [[w['events'][m][s] for w in workers] for s in range(len(workers[0]['events'][m]))]
+    quickest = min(steps, key=span)
+    return idle_share(quickest) + (quickest,)
 # ---- end of what 05_multi_gpu_from_scratch.ipynb saves
 
 
@@ -89,11 +148,7 @@ def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels
     every m in `microbatches` (a fresh process's first steps pay for touching memory and for
     choosing the kernels of each shape, which are not the schedule); then `steps` timed rounds,
     every m in turn, so that a machine growing busier or quieter slows every m alike. Then
-    all-reduce tensors
-    of each size in `allreduce_numels` (floats): ALLREDUCE_WARMUP untimed calls each, then
-    `repeats` rounds over every size in turn, each repeat the mean of enough calls in a row to
-    last ALLREDUCE_MIN_S, and at least ALLREDUCE_CALLS (a barrier releases the two ranks a
-    moment apart, and a single call would count that moment as latency). Returns
+    time_allreduce times all-reduces of each size in `allreduce_numels` (floats). Returns
     {'events': {m: [step's events, ...]}, 'grads': {m: this stage's gradients after one step},
     'bytes_sent': {m: bytes per step}, 'allreduce_times': {numel: [seconds of each repeat]}}."""
     launch.init_distributed(backend='gloo', timeout=60)
@@ -114,46 +169,12 @@ def worker(rank, world_size, params, X, y, microbatches, steps, allreduce_numels
             out['events'].setdefault(m, []).append(events)
         for p in mine:
             p.grad = None
-    buffers = {numel: torch.ones(numel) for numel in allreduce_numels}
-    calls = {}
-    for numel, buffer in buffers.items():  # warm-up (connections, buffers), and calls per repeat
-        for _ in range(ALLREDUCE_WARMUP):
-            dist.all_reduce(buffer)
-        start = time.perf_counter()
-        dist.all_reduce(buffer)
-        wanted = torch.tensor([ALLREDUCE_MIN_S / max(time.perf_counter() - start, 1e-6)])
-        dist.all_reduce(wanted, op=dist.ReduceOp.MAX)  # both ranks must make the same calls
-        calls[numel] = max(ALLREDUCE_CALLS, math.ceil(wanted.item()))
-    times = {numel: [] for numel in buffers}
-    for _ in range(repeats):  # every size in turn: a busier moment slows every size alike
-        for numel, buffer in buffers.items():
-            dist.barrier()  # the ranks leave it a moment apart: spread that over many calls
-            start = time.perf_counter()
-            for _ in range(calls[numel]):
-                dist.all_reduce(buffer)
-            times[numel].append((time.perf_counter() - start) / calls[numel])
-    out['allreduce_times'] = times
+    out['allreduce_times'] = time_allreduce(allreduce_numels, repeats)
     dist.barrier()
     return out
 
 
 # ------------------------------------------------------------- used by the notebook's cells
-@contextlib.contextmanager
-def gpu_precision(tf32_convolutions):
-    """cuDNN convolutions in TF32 (torch's default) or in full fp32, matrix products in fp32
-    (torch's default); the previous settings come back afterwards. No effect on a CPU.
-    Matrix products go through set_float32_matmul_precision, which sets torch's old and new
-    TF32 settings together (reading the old `matmul.allow_tf32` flag warns on torch 2.9)."""
-    saved = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cudnn.allow_tf32 = tf32_convolutions
-    torch.set_float32_matmul_precision('highest')
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32 = saved[0]
-        torch.set_float32_matmul_precision(saved[1])
-
-
 def max_difference(a, b):
     """The largest |a_i - b_i| over two lists of tensors (parameters), wherever they live."""
     return max(((x.detach().cpu().double() - y.detach().cpu().double()).abs().max().item()
@@ -171,27 +192,3 @@ def first_turn(per_example):
     dearer = (b for b in bs if b > cheapest and stats.compare(
         per_example[b], per_example[cheapest], 'b', 'cheapest').a_is_better is False)
     return cheapest, next(dearer, None)
-
-
-def idle_share(events):
-    """(idle share of the step, busy seconds of each stage) from one step's compute intervals
-    per rank: each stage's busy time against the step's whole span, from the first start on
-    any rank to the last end."""
-    busy = [sum(e[1] - e[0] for e in ev) for ev in events]
-    return 1 - sum(busy) / (len(busy) * span(events)), busy
-
-
-def span(events):
-    """Seconds from the first start on any rank to the last end on any rank."""
-    return max(e[1] for ev in events for e in ev) - min(e[0] for ev in events for e in ev)
-
-
-def quickest_step(workers, m):
-    """(idle share, busy seconds per stage, events per rank) of the timed step with m
-    micro-batches that took least time from its first start to its last end. Other work on the
-    machine only ever lengthens a step, so the quickest is the closest to the schedule itself.
-    (The least idle step is not: a step whose faster stage was slowed down looks more balanced,
-    and idles less. At m = 1 every step idles about half, so idleness cannot pick one at all.)"""
-    steps = [[w['events'][m][s] for w in workers] for s in range(len(workers[0]['events'][m]))]
-    quickest = min(steps, key=span)
-    return idle_share(quickest) + (quickest,)
