@@ -8,7 +8,8 @@ Rank 0 prints each epoch's progress as one JSON line ({"progress": {...}}) and, 
 result as indented JSON. From Python, as notebook 06 does:
 launch.run_workers(ddp_train.train, 2, ddp_train.Config(num_epochs=1), on_progress=callback),
 where rank 0's launch.report(...) reaches callback(rank, metrics) while training runs.
-`data_loaders`, `train_epoch`, `train`, `buffers_at_forward` and `plain_against_ddp` are written
+`data_loaders`, `train_epoch`, `train`, `max_over_ranks`, `rank_result`,
+`buffers_at_forward` and `plain_against_ddp` are written
 from notebook 06's `#@save ddp_train` cells (make export): spawned processes import them from
 here. The rest is plumbing: settings, data, summaries.
 """
@@ -90,33 +91,6 @@ def float_buffers(module):
     return torch.cat([b.detach().flatten() for b in module.buffers() if b.is_floating_point()])
 
 
-def max_over_ranks(local):
-    """Largest |local - rank 0's local| over all ranks."""
-    reference = local.clone()
-    dist.broadcast(reference, src=0)
-    diff = (local - reference).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    return diff.item()
-
-
-def rank_result(cfg, net, device, at_forward, history, epoch_times, steps, notice):
-    """What a rank returns: its timings, a digest of its parameters, and how far the ranks'
-    parameters and BatchNorm buffers are apart (collectives: every rank calls it)."""
-    params = torch.cat([p.detach().flatten() for p in net.parameters()])
-    world_size = dist.get_world_size()
-    return {'rank': dist.get_rank(), 'world_size': world_size, 'backend': dist.get_backend(),
-            'device': str(device), 'width': cfg.width,
-            'per_rank_batch': cfg.batch_size // world_size, 'steps': steps,
-            'epoch_times': epoch_times, 'history': history,
-            'test_accuracy': history[-1]['test_acc'] if history else None,
-            'param_digest': hashlib.sha256(params.cpu().numpy().tobytes()).hexdigest(),
-            'max_param_diff': max_over_ranks(params),
-            'max_buffer_diff': max_over_ranks(float_buffers(net)),
-            'max_buffer_diff_at_last_forward': max_over_ranks(at_forward['buffers'])
-            if at_forward else None,
-            'data_notice': notice}
-
-
 # ---- saved from 06_multi_gpu_concise.ipynb by make export: edit the notebook
 def data_loaders(cfg, rank, world_size):
     """(training loader of this rank's share, its sampler, test loader, the data notice)."""
@@ -190,6 +164,32 @@ def train(rank, world_size, config):
                          cfg.num_epochs * len(loader), notice)
     dist.barrier()  # every rank leaves together
     return result
+
+
+def max_over_ranks(local):
+    """Largest |local - rank 0's local| over all ranks (every rank calls it)."""
+    reference = local.clone()
+    dist.broadcast(reference, src=0)
+    diff = (local - reference).abs().max()
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    return diff.item()
+
+
+def rank_result(cfg, net, device, at_forward, history, epoch_times, steps, notice):
+    """What a rank returns: its timings, a digest of its parameters, and how far the ranks'
+    parameters and BatchNorm buffers are from rank 0's (collectives: every rank calls it)."""
+    params = torch.cat([p.detach().flatten() for p in net.parameters()])
+    world_size = dist.get_world_size()
+    return {'rank': dist.get_rank(), 'world_size': world_size, 'backend': dist.get_backend(),
+            'device': str(device), 'width': cfg.width,
+            'per_rank_batch': cfg.batch_size // world_size, 'steps': steps,
+            'epoch_times': epoch_times, 'history': history,
+            'test_accuracy': history[-1]['test_acc'] if history else None,  # rank 0 evaluates
+            'param_digest': hashlib.sha256(params.cpu().numpy().tobytes()).hexdigest(),
+            'max_param_diff': max_over_ranks(params),
+            'max_buffer_diff': max_over_ranks(float_buffers(net)),
+            'max_buffer_diff_at_last_forward': max_over_ranks(at_forward['buffers']),
+            'data_notice': notice}
 
 
 def buffers_at_forward(net):

@@ -9,10 +9,10 @@ of the last layers' gradients runs while backward is still computing the first l
 `model.parameters()`, which is roughly that order.
 
 `buckets_by_bytes`, `all_reduce_after_backward`, `write_back`, `BucketedAllReduce`, the timed
-loop (`time_variant`, `timed_rounds`) and `perfect_overlap_s` are written from notebook 06's
-`#@save overlap` cells (make export). `overlap_worker` (the
-experiment) and `bucket_sweep` (exercise 4) are process entry points for launch.run_workers,
-with their settings in OverlapConfig and SweepConfig; `plot_overlap` draws the bar chart.
+loop (`time_variant`, `timed_rounds`), `perfect_overlap_s` and the process entry points
+`overlap_worker` (the experiment) and `bucket_sweep` (exercise 4) are written from notebook 06's
+`#@save overlap` cells (make export). Here: their settings (OverlapConfig, SweepConfig), each
+rank's setup (Rank), all-reduces timed alone, the tables' rows and the bar chart.
 """
 import copy
 import dataclasses
@@ -135,16 +135,15 @@ def time_variant(me, model, how, bucketed=None):
 
 
 def timed_rounds(me, variants, repeats, passes):
-    """{name: [seconds, one per round]} for variants {name: (model, how[, bucketed])}: every
-    round times each variant in turn, as the median of `passes` timings in a row, after a
-    first round of one pass each that warms up."""
+    """{name: [seconds, one per round]} for variants {name: (model, how[, bucketed])}: after
+    one pass of each to warm up, every round times each variant in turn, as the median of
+    `passes` timings in a row."""
+    for variant in variants.values():   # warm-up, not kept
+        time_variant(me, *variant)
     times = {name: [] for name in variants}
-    for repeat in range(repeats + 1):
+    for _ in range(repeats):
         for name, variant in variants.items():
-            passes_now = passes if repeat else 1
-            seconds = median([time_variant(me, *variant) for _ in range(passes_now)])
-            if repeat:
-                times[name].append(seconds)
+            times[name].append(median([time_variant(me, *variant) for _ in range(passes)]))
     return times
 
 
@@ -153,10 +152,62 @@ def perfect_overlap_s(ov):
     copies (flatten, average, copy back), the link the all-reduce; at best the shorter of the
     two hides entirely under the longer. From the medians measured alone."""
     return max(ov['backward_s'] + ov['copy_s'], ov['allreduce_alone_s'])
+
+
+def overlap_worker(rank, world_size, config):
+    """One rank of the overlap experiment (OverlapConfig): the six variants timed in turns,
+    round after round; then, from the same parameters and examples, the three exchanges'
+    averaged gradients compared; then one all-reduce timed alone for each size in
+    `allreduce_numels`. 'times' keeps each variant's rounds, each name its median."""
+    me = Rank(config, OverlapConfig)
+    cfg = me.cfg
+    ddp = DistributedDataParallel(copy.deepcopy(me.net), bucket_cap_mb=cfg.bucket_mb,
+                                  device_ids=me.device_ids)
+    bucketed = BucketedAllReduce(me.net.parameters(), cfg.bucket_mb * 2**20)
+    variants = {'backward_s': (me.net, 'backward'), 'copy_s': (me.net, 'copy'),
+                'allreduce_alone_s': (None, 'alone'), 'after_s': (me.net, 'after'),
+                'bucketed_s': (me.net, 'bucketed', bucketed), 'ddp_s': (ddp, 'backward')}
+    times = timed_rounds(me, variants, cfg.repeats, cfg.passes)
+    times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
+                                                   times['allreduce_alone_s'])]
+    time_variant(me, me.net, 'after')    # one all-reduce after backward: the reference
+    after = me.gradients(me.net)
+    time_variant(me, me.net, 'bucketed', bucketed)
+    ours, ddps = me.gradients(me.net), me.gradients(ddp.module)  # DDP's: its last round
+    return {**{name: median(t) for name, t in times.items()}, 'times': times,
+            'buckets': len(bucketed.buckets), 'backend': dist.get_backend(),
+            'gradient_bytes': after.numel() * after.element_size(), 'device': str(me.device),
+            'bucketed_equals_after': torch.equal(ours, after),
+            'bucketed_max_diff': (ours - after).abs().max().item(),
+            'ddp_max_diff': (ddps - after).abs().max().item(),
+            'allreduce_s': {name: all_reduce_seconds(torch.ones(n, device=me.device), me.device,
+                                                     ALLREDUCE_REPEATS)
+                            for name, n in cfg.allreduce_numels.items()}}
+
+
+def bucket_sweep(rank, world_size, config):
+    """Exercise 4 (SweepConfig): backward with our buckets at each cap in `caps_mb` (MiB), in
+    turns with backward alone, the all-reduce alone and backward then one all-reduce. Returns
+    each cap's bucket count, every variant's rounds ('times') and median, and one all-reduce
+    of SMALL_MESSAGE_BYTES timed alone: the fixed cost that every all-reduce pays."""
+    me = Rank(config, SweepConfig)
+    syncs = {cap: BucketedAllReduce(me.net.parameters(), cap * 2**20) for cap in me.cfg.caps_mb}
+    variants = {cap: (me.net, 'bucketed', sync) for cap, sync in syncs.items()}
+    variants.update({'backward_s': (me.net, 'backward'), 'allreduce_alone_s': (None, 'alone'),
+                     'after_s': (me.net, 'after')})
+    times = timed_rounds(me, variants, me.cfg.repeats, me.cfg.passes)
+    times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
+                                                   times['allreduce_alone_s'])]
+    small = torch.ones(SMALL_MESSAGE_BYTES // 4, device=me.device)
+    return {'buckets': {cap: len(s.buckets) for cap, s in syncs.items()}, 'times': times,
+            **{name: median(t) for name, t in times.items()},
+            'small_allreduce_bytes': small.numel() * small.element_size(),
+            'small_allreduce_s': all_reduce_seconds(small, me.device, SMALL_REPEATS)}
 # ---- end of what 06_multi_gpu_concise.ipynb saves
 
 
 REPEATS, PASSES = 7, 5   # rounds (after one warm-up), and timings per variant in a round
+SWEEP_PASSES = 3          # exercise 4 times more variants: fewer timings in a round
 SMALL_MESSAGE_BYTES = 1024   # an all-reduce this small costs its fixed cost: latency, launch
 ALLREDUCE_REPEATS, SMALL_REPEATS = 5, 9   # all-reduces timed alone: a median of this many
 
@@ -184,7 +235,7 @@ class SweepConfig:
     batch: int = 2
     caps_mb: tuple = (0.05, 0.5, 4, 1024)
     repeats: int = REPEATS
-    passes: int = PASSES
+    passes: int = SWEEP_PASSES
     seed: int = 0
     timeout: int = 60
 
@@ -206,12 +257,16 @@ def check_config(config, kind=OverlapConfig):
     return config
 
 
-class _Rank:
-    """One rank's share of an experiment: ResNet-18 of `width`, `batch` examples of its own,
-    a buffer the size of the gradient (time_variant times one way to finish its backward)."""
+class Rank:
+    """One rank's share of an experiment, its settings checked (`kind`: OverlapConfig or
+    SweepConfig) as `cfg`: ResNet-18 of `width`, `batch` examples of its own, a buffer the size
+    of the gradient, and the device_ids DDP takes (time_variant times one way to finish its
+    backward)."""
 
-    def __init__(self, cfg):
+    def __init__(self, config, kind):
+        self.cfg = cfg = check_config(config, kind)
         self.rank, self.world_size, self.device = launch.init_distributed(timeout=cfg.timeout)
+        self.device_ids = [self.device.index] if self.device.type == 'cuda' else None
         torch.manual_seed(cfg.seed)
         self.net = helpers.resnet18(10, width=cfg.width).to(self.device)
         self.params = list(self.net.parameters())
@@ -223,73 +278,6 @@ class _Rank:
 
     def gradients(self, model):
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-
-
-def overlap_worker(rank, world_size, config):
-    """One rank: time backward alone, an all-reduce of the gradient's size alone, flattening
-    and copying back the gradients alone, backward then one all-reduce, backward with
-    bucketed all-reduces started by hooks, and DDP's own bucketed backward, on ResNet-18 of
-    `width` with `batch` examples per rank; check that the three exchanges give the same
-    averaged gradients. Every round times each variant in turn; 'times' keeps each
-    variant's rounds (a round: the median of `passes` timings in a row, each the slowest
-    rank's seconds), 'sequential_s' the sum of backward alone and the all-reduce alone of each
-    round, and each name its median. Also times one all-reduce of each size in
-    `allreduce_numels` (name -> float32 count)."""
-    cfg = check_config(config)
-    me = _Rank(cfg)
-    ddp = DistributedDataParallel(copy.deepcopy(me.net), bucket_cap_mb=cfg.bucket_mb,
-                                  device_ids=[me.device.index] if me.device.type == 'cuda'
-                                  else None)
-    bucketed = BucketedAllReduce(me.net.parameters(), cfg.bucket_mb * 2**20)
-    variants = {'backward_s': (me.net, 'backward'), 'copy_s': (me.net, 'copy'),
-                'allreduce_alone_s': (None, 'alone'), 'after_s': (me.net, 'after'),
-                'bucketed_s': (me.net, 'bucketed', bucketed), 'ddp_s': (ddp, 'backward')}
-    times = timed_rounds(me, variants, cfg.repeats, cfg.passes)
-    time_variant(me, me.net, 'after')   # the same parameters and examples: the same gradients
-    after = me.gradients(me.net)
-    time_variant(me, me.net, 'bucketed', bucketed)
-    grads = me.gradients(me.net)           # ddp keeps its own copy, from its last round
-    times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
-                                                   times['allreduce_alone_s'])]
-    result = {name: median(t) for name, t in times.items()}
-    result.update(
-        times=times, buckets=len(bucketed.buckets),
-        gradient_bytes=after.numel() * after.element_size(),
-        bucketed_equals_after=torch.equal(grads, after),
-        bucketed_max_diff=(grads - after).abs().max().item(),
-        ddp_max_diff=(me.gradients(ddp.module) - after).abs().max().item(),
-        backend=dist.get_backend(), device=str(me.device), allreduce_s={})
-    for name, numel in cfg.allreduce_numels.items():
-        x = torch.ones(numel, device=me.device)
-        result['allreduce_s'][name] = all_reduce_seconds(x, me.device, ALLREDUCE_REPEATS)
-    return result
-
-
-SWEEP_REFERENCES = {'backward_s': 'backward', 'allreduce_alone_s': 'alone', 'after_s': 'after'}
-
-
-def bucket_sweep(rank, world_size, config):
-    """Exercise 4: backward with bucketed all-reduces for each bucket cap in `caps_mb` (MiB),
-    beside backward alone, an all-reduce of the whole gradient alone, and backward then one
-    all-reduce, timed in turns for `repeats` rounds (each the median of `passes` timings)
-    after one warm-up. Returns {'buckets': {cap: count}, 'times': {name: rounds}} and each
-    name's median, where a name is a cap, 'backward_s', 'allreduce_alone_s', 'after_s' or
-    'sequential_s' (backward alone + the all-reduce alone, round by round); and
-    'small_allreduce_s', one all-reduce of SMALL_MESSAGE_BYTES alone: the fixed cost that
-    every all-reduce pays, whatever its size."""
-    cfg = check_config(config, SweepConfig)
-    me = _Rank(cfg)
-    syncs = {cap: BucketedAllReduce(me.net.parameters(), cap * 2**20) for cap in cfg.caps_mb}
-    variants = {cap: (me.net, 'bucketed', sync) for cap, sync in syncs.items()}
-    variants.update({name: (me.net, how) for name, how in SWEEP_REFERENCES.items()})
-    times = timed_rounds(me, variants, cfg.repeats, cfg.passes)
-    times['sequential_s'] = [b + a for b, a in zip(times['backward_s'],
-                                                   times['allreduce_alone_s'])]
-    small = torch.ones(SMALL_MESSAGE_BYTES // 4, device=me.device)
-    return {'buckets': {cap: len(s.buckets) for cap, s in syncs.items()}, 'times': times,
-            **{name: median(t) for name, t in times.items()},
-            'small_allreduce_bytes': small.numel() * small.element_size(),
-            'small_allreduce_s': all_reduce_seconds(small, me.device, SMALL_REPEATS)}
 
 
 def all_reduce_seconds(x, device, repeats):
@@ -327,17 +315,20 @@ def round_ratios(result, key, reference):
 
 
 def timing_rows(result, names=None, reference=None):
-    """Rows for report.table: each timing's median, fastest and slowest round (seconds).
-    names: {key: row label}; TIMINGS by default (the overlap experiment). reference: a key;
-    each row then also gets its time over the reference's in the same round: the median of
-    those ratios ('time / reference') and their smallest and largest ('range over rounds')."""
+    """Rows for report.table. names: {key: row label}; TIMINGS by default (the overlap
+    experiment). Without a reference, each timing's median, fastest and slowest round
+    (seconds). With one (a key), each row is read one way only, paired by round: its time over
+    the reference's in the same round, the median of those ratios ('time / reference') and
+    their smallest and largest ('range over rounds')."""
     names = names or TIMINGS
-    rows = {label: {'median': result[key], 'fastest': min(result['times'][key]),
-                    'slowest': max(result['times'][key])} for key, label in names.items()}
-    for key, label in names.items() if reference is not None else ():
+    if reference is None:
+        return {label: {'median': result[key], 'fastest': min(result['times'][key]),
+                        'slowest': max(result['times'][key])} for key, label in names.items()}
+    rows = {}
+    for key, label in names.items():
         ratios = [1 / r for r in round_ratios(result, key, reference)]
-        rows[label].update({'time / reference': median(ratios),
-                            'range over rounds': f'{min(ratios):.2f}\u2013{max(ratios):.2f}'})
+        rows[label] = {'time / reference': median(ratios),
+                       'range over rounds': f'{min(ratios):.2f}\u2013{max(ratios):.2f}'}
     return rows
 
 

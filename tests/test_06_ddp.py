@@ -155,8 +155,9 @@ def test_timing_rows_set_each_timing_beside_the_reference_round_by_round():
     assert rows['fast']['range over rounds'] == '0.50\u20130.80'
     assert rows['ref']['time / reference'] == 1 and rows['ref']['range over rounds'] == \
         '1.00\u20131.00'
-    assert rows['fast']['fastest'] == 0.020 and rows['fast']['slowest'] == 0.040
-    assert 'time / reference' not in overlap.timing_rows(result, {'fast': 'fast'})['fast']
+    assert set(rows['fast']) == {'time / reference', 'range over rounds'}   # one way to read
+    alone = overlap.timing_rows(result, {'fast': 'fast'})['fast']
+    assert alone == {'median': 0.030, 'fastest': 0.020, 'slowest': 0.040}
     ratios = overlap.round_ratios(result, 'fast', 'after_s')   # paired: judged by compare_paired
     assert ratios == pytest.approx([0.040 / 0.030, 0.050 / 0.040, 0.040 / 0.020])
     assert stats.compare_paired(ratios, 'fast', 'ref').a_is_better
@@ -263,14 +264,15 @@ def test_setup_rounds_the_batch_for_every_process_count_and_says_where_ddp_runs(
     assert cfg.ddp_config == ddp_train.Config(batch_size=36, lr=0.1, num_epochs=1, num_train=144,
                                               num_test=64, width=cfg.width)
     assert cfg.overlap_config.repeats == cfg.sweep_config.repeats == overlap.REPEATS
-    assert cfg.overlap_config.passes == cfg.sweep_config.passes == overlap.PASSES
+    assert cfg.overlap_config.passes == overlap.PASSES
+    assert cfg.sweep_config.passes == overlap.SWEEP_PASSES
     assert cfg.threads_per_rank is None and 'GPUs found' in str(cfg)
 
 
 def test_cpu_plan_narrows_the_network_to_fit_the_budget():
     cpu = hardware.DESCRIBED['cpu-2core']
     plan = plan_06.plan_for(cpu)
-    assert plan['width'] < 64 and plan.seconds <= sizing.budget('06', cpu)
+    assert plan['width'] < 64 and plan.seconds <= 0.8 * sizing.budget('06', cpu)
     assert plan['num_epochs'] * plan['num_train'] // plan['batch_size'] >= 96   # steps to learn
     faster = dataclasses.replace(cpu, flops=8 * cpu.flops, host_flops=8 * cpu.host_flops)
     assert plan_06.plan_for(faster)['width'] > plan['width']
@@ -285,14 +287,14 @@ def test_every_described_machine_is_planned_within_its_budget(name):
     budget (on a GPU machine, exercise 2's CPU steps included), its memory fits, a GPU keeps
     the book's network and a CPU takes the steps its network needs to learn."""
     m = hardware.DESCRIBED[name]
-    plan = plan_06.plan_for(m)   # the plan aims at 0.8 of it; the narrowest CPU network may not
-    assert plan.seconds <= sizing.budget('06', m)
+    plan = plan_06.plan_for(m)   # 0.8 of it: headroom, as estimates are rough
+    assert plan.seconds <= 0.8 * sizing.budget('06', m)
     assert plan.device_bytes <= m.memory and plan.host_bytes <= m.host_memory
     if m.on_gpu:
         assert (plan['width'], plan['batch_size']) == (64, 256)
         assert plan_06.host_exercise_s(m, 64) < plan.seconds / 4
     else:
-        assert plan['num_epochs'] * plan['num_train'] // plan['batch_size'] >= 160
+        assert plan['num_epochs'] * plan['num_train'] // plan['batch_size'] >= 150
     assert plan['num_epochs'] >= 2   # every epoch time is the median of those after the first
     assert plan['machinery_steps'] >= plan_06.MACHINERY_STEPS_06[0]
     assert plan['worker_timeout'] > max(plan_06.run_s(m, plan.values, k) for k in (1, 2))
