@@ -264,9 +264,12 @@ def save_in_lab(page, path, code_cells, timeout=60):
     page.locator('.lm-Menu-item', has_text=re.compile(r'^Save Notebook(?!\s*As)')).first.click()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        nb = nbformat.read(path, 4)
-        if sum(bool(c.get('execution_count')) for c in nb.cells if c.cell_type == 'code') \
-                == code_cells:
+        try:  # JupyterLab may be writing the file this moment: read it again shortly
+            nb = nbformat.read(path, 4)
+        except (nbformat.reader.NotJSONError, json.JSONDecodeError):
+            nb = None
+        if nb is not None and code_cells == sum(bool(c.get('execution_count'))
+                                                for c in nb.cells if c.cell_type == 'code'):
             return nb
         time.sleep(0.5)
     raise AssertionError(f'{path.name}: JupyterLab did not save the executed notebook')
