@@ -3,7 +3,7 @@ time two processes take to all-reduce a gradient (the lecture's t2); also the sm
 notebook's cells call (precision settings, parameter distances, the pipeline's idle time).
 
 The taught code (`gpu_precision`, `stage0`, `stage1`, `pipeline_step`, `time_allreduce`,
-`idle_share`, `span`, `quickest_step`) stands in the notebook's `#@save pipeline`
+`idle_share`, `span`, `quickest_step`, `first_turn`) stands in the notebook's `#@save pipeline`
 cells and is copied here by `make export`: spawned worker processes import the function they
 run, so the code a learner reads is the code the workers run. Notebook 09 imports it too.
 The notebook starts the workers with `launch.run_workers(pipeline.worker, 2, ...)`; each gets its
@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 import launch
+import stats
 
 STAGE0_PARAMS = 2  # params[:2] (conv1) belong to stage 0, params[2:] to stage 1
 WARMUP_ROUNDS = 3  # untimed steps at every m, before any step is timed
@@ -140,6 +141,18 @@ def quickest_step(workers, m):
     steps = [[w['events'][m][s] for w in workers] for s in range(len(workers[0]['events'][m]))]
     quickest = min(steps, key=span)
     return idle_share(quickest) + (quickest,)
+
+
+def first_turn(per_example):
+    """(cheapest b, turn b) of a sweep of batch sizes. per_example: {b: [seconds per example,
+    one per repeat]}. The cheapest b has the lowest median of all; the turn is the first
+    larger b that was dearer per example than the cheapest by the noise rule (stats.compare),
+    or None when none was (always None when the largest b is the cheapest)."""
+    bs = sorted(per_example)
+    cheapest = min(bs, key=lambda b: stats.median(per_example[b]))
+    dearer = (b for b in bs if b > cheapest and stats.compare(
+        per_example[b], per_example[cheapest], 'b', 'cheapest').a_is_better is False)
+    return cheapest, next(dearer, None)
 # ---- end of what 05_multi_gpu_from_scratch.ipynb saves
 
 
@@ -180,15 +193,3 @@ def max_difference(a, b):
     return max(((x.detach().cpu().double() - y.detach().cpu().double()).abs().max().item()
                 for x, y in zip(a, b)), default=0.0)
 
-
-def first_turn(per_example):
-    """(cheapest b, turn b) of a sweep of batch sizes. per_example: {b: [seconds per example,
-    one per repeat]}. The cheapest b has the lowest median of all; the turn is the first
-    larger b that was dearer per example than the cheapest by the noise rule (stats.compare),
-    or None when none was (always None when the largest b is the cheapest)."""
-    import stats
-    bs = sorted(per_example)
-    cheapest = min(bs, key=lambda b: stats.median(per_example[b]))
-    dearer = (b for b in bs if b > cheapest and stats.compare(
-        per_example[b], per_example[cheapest], 'b', 'cheapest').a_is_better is False)
-    return cheapest, next(dearer, None)

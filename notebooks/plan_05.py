@@ -70,10 +70,32 @@ def host_work_s(machine, batch_size=256, microbatches=4):
     return PIPELINE_ROUNDS_05 * microbatches * batch_size * per_example + ALLREDUCE_S
 
 
-def _step_s(machine, batch, k):
-    """Seconds of one synchronous step of `batch` examples over k replicas on the device."""
+def measured_example_s(batch=256, repeats=3):
+    """Seconds per example of LeNet's forward and backward pass on this CPU, at `batch` and
+    torch's current threads: the median of `repeats` timed passes after one untimed one."""
+    import time
+    g = torch.Generator().manual_seed(0)
+    shapes = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,), (128, 10), (10,)]
+    W1, b1, W2, b2, W3, b3, W4, b4 = [(0.1 * torch.randn(s, generator=g)).requires_grad_()
+                                      for s in shapes]
+    X, times = torch.randn(batch, 1, 28, 28, generator=g), []
+    pool = torch.nn.functional.avg_pool2d
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        h = pool(torch.relu(torch.nn.functional.conv2d(X, W1, b1)), 2)
+        h = pool(torch.relu(torch.nn.functional.conv2d(h, W2, b2)), 2)
+        (torch.relu(h.flatten(1) @ W3 + b3) @ W4 + b4).square().sum().backward()
+        times.append((time.perf_counter() - start) / batch)
+    return sorted(times[1:])[repeats // 2]
+
+
+def _step_s(machine, batch, k, example_s=None):
+    """Seconds of one synchronous step of `batch` examples over k replicas on the device;
+    example_s: a CPU's measured seconds per example, used where it is below the FLOP model's
+    (a busy machine measures slow: the model then bounds the plan, as before)."""
     if not machine.on_gpu:
-        per_example = LENET_TRAIN_FLOPS / _cpu_lenet_flops(machine.flops, machine.host_cores)
+        modelled = LENET_TRAIN_FLOPS / _cpu_lenet_flops(machine.flops, machine.host_cores)
+        per_example = min(example_s or modelled, modelled)
         return batch * per_example * (1 + 0.1 * (k - 1))  # emulated: k small passes
     per_example = LENET_TRAIN_FLOPS / (machine.flops * GPU_LENET_EFFICIENCY)
     return (batch * (per_example + GPU_LOADER_S_PER_EXAMPLE)
@@ -81,11 +103,11 @@ def _step_s(machine, batch, k):
 
 
 def seconds(machine, sizes, num_gpus=2, batch_size=256, device_counts=(1, 2),
-            equivalence_steps=5, microbatches=4):
+            equivalence_steps=5, microbatches=4, example_s=None):
     """The notebook's estimated seconds on `machine` at `sizes` (num_epochs, num_train,
     num_test): the training runs, the checks, the t1 sweep, start-up and the host's work."""
     epochs, n, n_test = sizes['num_epochs'], sizes['num_train'], sizes['num_test']
-    step = lambda b, k: _step_s(machine, b, k)
+    step = lambda b, k: _step_s(machine, b, k, example_s)
     runs = [*device_counts, 1]  # the nudged run is one more on one device
     train = sum(epochs * (n // batch_size) * step(batch_size, k) for k in runs)
     larger_epochs = min(LARGER_BATCH_EPOCHS_05, epochs)
@@ -101,10 +123,11 @@ def seconds(machine, sizes, num_gpus=2, batch_size=256, device_counts=(1, 2),
 
 
 def plan_for(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivalence_steps=5,
-             microbatches=4):
+             microbatches=4, example_s=None):
     """Epochs and examples for LeNet trained by hand on k (emulated) devices: the book's scale
     where it fits HEADROOM of the budget, else the largest candidate that does (on a CPU, two
-    epochs of a subset); the smallest when none does."""
+    epochs of a subset); the smallest when none does. example_s: a CPU's measured seconds per
+    training example, in place of the FLOP model."""
     if machine.on_gpu:
         candidates = [BOOK_05, {**BOOK_05, 'num_epochs': 5}, {**BOOK_05, 'num_epochs': 2},
                       {'num_epochs': 2, 'num_train': 20000, 'num_test': 5000}]
@@ -114,7 +137,7 @@ def plan_for(machine, num_gpus=2, batch_size=256, device_counts=(1, 2), equivale
                       for n in (30000, 20000, 16000, 12000, 10000, 8000, 6000, 5000, 4000,
                                 3000, 2000)]
     estimate = lambda sizes: seconds(machine, sizes, num_gpus, batch_size, device_counts,
-                                     equivalence_steps, microbatches)
+                                     equivalence_steps, microbatches, example_s)
     chosen = largest_fitting(candidates, estimate, HEADROOM * budget('05', machine))
     images = chosen['num_train'] + chosen['num_test']
     activations = 4 * batch_size * 4 * (20 * 26 * 26 + 50 * 9 * 9) * 3  # largest batch, fwd+bwd
@@ -181,8 +204,9 @@ def setup(**given):
     if v['num_train'] is not None:
         _check_num_train(v, v['num_train'], global_batches[-1])
     machine = probe()
+    example_s = None if machine.on_gpu else measured_example_s()  # a CPU: timed, not modelled
     plan = plan_for(machine, v['num_gpus'], v['batch_size'], v['device_counts'],
-                    v['equivalence_steps'], len(v['microbatches']))
+                    v['equivalence_steps'], len(v['microbatches']), example_s)
     for name in ('num_epochs', 'num_train', 'num_test'):
         v[name] = v[name] or plan[name]
     _check_num_train(v, v['num_train'], global_batches[-1])

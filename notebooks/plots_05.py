@@ -98,18 +98,18 @@ def plot_sync_step(t1, t2, t2_by_bytes, latency, bandwidth, gradient_bytes, t1_o
 
 
 def plot_larger_batch(accuracy, steps, examples, lr):
-    """Test accuracy after one epoch (the same examples) at each global batch, each point
-    labelled with the number of steps it took."""
+    """Test accuracy after one epoch at each global batch, each point labelled with the steps
+    it took and the examples it saw (examples: {batch: examples})."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(3.8, 2.6))
     batches = list(accuracy)
     ax.plot(batches, [accuracy[B] for B in batches], 'o-')
     for B in batches:
-        ax.annotate(f'{steps[B]} steps', (B, accuracy[B]), fontsize=7,
+        ax.annotate(f'{steps[B]} steps\n{examples[B]:,} ex.', (B, accuracy[B]), fontsize=7,
                     textcoords='offset points', xytext=(4, 4))
     ax.set_xscale('log', base=2)
     ax.set(xlabel='global batch', ylabel='test accuracy', ylim=(0, 1), xticks=batches,
-           xticklabels=batches, title=f'after 1 epoch ({examples:,} examples), lr {lr:g}')
+           xticklabels=batches, title=f'after 1 epoch, lr {lr:g}')
     ax.minorticks_off()
     ax.margins(x=0.2)
     return fig

@@ -262,3 +262,13 @@ def test_pipeline_helpers_measure_and_restore():
         assert torch.backends.cudnn.allow_tf32 is (not saved[0])
         assert torch.backends.cuda.matmul.allow_tf32 is False
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == saved
+
+
+def test_plan_05_uses_a_measured_step_only_to_grow_the_work():
+    """A quiet CPU that measures faster than the FLOP model gets more examples, still within
+    the headroom; a busy one that measures slower keeps the model's plan."""
+    m = hardware.DESCRIBED['cpu-2core']
+    modelled, fast = plan_05.plan_for(m), plan_05.plan_for(m, example_s=0.145e-3)
+    assert fast.seconds <= plan_05.HEADROOM * sizing.budget('05', m)
+    assert fast['num_train'] > modelled['num_train']
+    assert plan_05.plan_for(m, example_s=1.0).values == modelled.values
