@@ -154,6 +154,24 @@ def perfect_overlap_s(ov):
     return max(ov['backward_s'] + ov['copy_s'], ov['allreduce_alone_s'])
 
 
+def all_reduce_seconds(x, device, repeats):
+    """Median seconds of `repeats` all-reduces of x alone (the slower rank's), after one to
+    warm up. A single one can take ten times its median, right after other work."""
+    return median([timed_all_reduce(x, device) for _ in range(repeats + 1)][1:])
+
+
+def timed_all_reduce(x, device):
+    """Seconds of one all-reduce of x from a common start, the slowest rank's."""
+    helpers.synchronize(device)
+    dist.barrier()                     # every rank starts together
+    tik = time.perf_counter()
+    dist.all_reduce(x)
+    helpers.synchronize(device)        # a GPU's all-reduce returns before it has finished
+    seconds = torch.tensor(time.perf_counter() - tik, device=device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return seconds.item()
+
+
 def overlap_worker(rank, world_size, config):
     """One rank of the overlap experiment (OverlapConfig): the six variants timed in turns,
     round after round; then, from the same parameters and examples, the three exchanges'
@@ -278,23 +296,6 @@ class Rank:
 
     def gradients(self, model):
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-
-
-def all_reduce_seconds(x, device, repeats):
-    """Median seconds of `repeats` all-reduces of x alone (the slower rank's), after one to
-    warm up. A single one can take ten times its median, right after other work."""
-    return median([_timed_all_reduce(x, device) for _ in range(repeats + 1)][1:])
-
-
-def _timed_all_reduce(x, device):
-    helpers.synchronize(device)
-    dist.barrier()
-    tik = time.perf_counter()
-    dist.all_reduce(x)
-    helpers.synchronize(device)
-    seconds = torch.tensor(time.perf_counter() - tik, device=device)
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    return seconds.item()
 
 
 # What the experiment's names mean, in the order a table lists them.

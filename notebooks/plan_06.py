@@ -197,7 +197,8 @@ def plan_for(machine, num_gpus=2, device_counts=(1, 2), batch_size=None, width=N
                                     cost, limit), **given}
     longest = max(run_s(machine, chosen, k) for k in counts)
     device_bytes, host_bytes = memory_bytes(machine, chosen, counts)
-    values = {**chosen, 'worker_timeout': int(60 + 3 * longest),
+    # generous: a slow but correct run (a busy 2-core VM, JupyterLab beside it) must not fail
+    values = {**chosen, 'worker_timeout': int(300 + 10 * longest),
               'overlap_width': 64 if machine.on_gpu else 32,
               'overlap_batch': 32 if machine.on_gpu else 2,
               'compute_batch': 64 if machine.on_gpu else 2,   # per device

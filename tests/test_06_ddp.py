@@ -220,7 +220,7 @@ def test_gpu_plan_shrinks_on_a_t4_and_scales_the_timeout_with_the_work():
     assert planned['num_epochs'] * planned['num_train'] < 10 * 60000   # not the book's scale
     book = plan_06.plan_for(t4, num_epochs=10, num_train=60000, num_test=10000)
     assert book.seconds > 5 * planned.seconds                          # 10 epochs take long
-    assert book['worker_timeout'] > 5 * planned['worker_timeout'] - 300
+    assert book['worker_timeout'] - 300 > 5 * (planned['worker_timeout'] - 300)
     assert book.seconds > 0.8 * sizing.budget('06', t4) and book['num_epochs'] == 10
     assert planned['worker_timeout'] > planned.seconds / 3            # room for one run
 
@@ -297,7 +297,9 @@ def test_every_described_machine_is_planned_within_its_budget(name):
         assert plan['num_epochs'] * plan['num_train'] // plan['batch_size'] >= 150
     assert plan['num_epochs'] >= 2   # every epoch time is the median of those after the first
     assert plan['machinery_steps'] >= plan_06.MACHINERY_STEPS_06[0]
-    assert plan['worker_timeout'] > max(plan_06.run_s(m, plan.values, k) for k in (1, 2))
+    # generous: a slow but correct run (a busy VM, nbmake, JupyterLab) must not be stopped
+    longest = max(plan_06.run_s(m, plan.values, k) for k in (1, 2))
+    assert plan['worker_timeout'] >= max(300, 10 * longest)
 
 
 def test_an_older_torch_and_an_unknown_parameter_are_refused_by_name(monkeypatch):
@@ -343,8 +345,8 @@ def test_06_refuses_a_busy_port(refusal):
 def test_06_default_run_learns_and_records_its_measurements(default_run):
     _, results = default_run(NB)
     on_cpu = results['gpus_found'] == 0
-    if on_cpu:   # the narrow network learns on the synthetic stand-in (chance: 0.1)
-        assert results['width'] < 64
+    assert results['width'] == results['plan']['width']   # what the plan chose for this machine
+    if on_cpu:   # the network learns on the synthetic stand-in (chance: 0.1)
         assert results['dataparallel']['1']['test_accuracy'] >= 0.6
         assert results['ddp']['1']['test_accuracy'] >= 0.6
         assert results['ddp']['2']['test_accuracy'] >= 0.6
@@ -355,7 +357,7 @@ def test_06_default_run_learns_and_records_its_measurements(default_run):
     assert results['processes_left_after_crash'] == 0
     ob = results['overlap_backward']
     assert ob['bucketed_equals_after'] and ob['buckets'] > 1
-    assert 0 < ob['backward_s'] < ob['after_s'] and ob['bucketed_s'] > 0
+    assert min(ob['backward_s'], ob['after_s'], ob['bucketed_s'], ob['ddp_s']) > 0
     # the reference: backward and the all-reduce, each measured alone, added round by round
     rounds = zip(ob['times']['backward_s'], ob['times']['allreduce_alone_s'],
                  ob['times']['sequential_s'])
