@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 import roofline
+from allreduce import link_model
 from collectives import ADAM_FP32, ADAM_MIXED, paper_bytes, paper_sent
 from pipeline_parallel import in_flight, schedule
 
@@ -126,18 +127,27 @@ def tp_allreduces(job, layout):
 
 def bytes_sent(job, layout):
     """Bytes one rank sends per step by the ring's accounting, by kind of parallelism: the
-    data-parallel exchange (08's paper_sent values per parameter), tensor parallelism's
+    data-parallel exchange (08's paper_sent values per parameter; FSDP gathers and reduces
+    again for each of m micro-batches), tensor parallelism's
     all-reduces of (rows x width) values, and a middle pipeline stage's activations forward and
     their gradients back."""
     rows, ring = job.tokens / layout.dp, (layout.tp - 1) / layout.tp
-    value = job.value_bytes
-    return {'data parallel': paper_sent(STAGES[layout.zero], layout.dp) * value
+    value, again = job.value_bytes, layout.m ** (layout.zero == 3)  # FSDP: per micro-batch
+    return {'data parallel': paper_sent(STAGES[layout.zero], layout.dp) * value * again
             * parameters_per_rank(job, layout),
             'tensor parallel': tp_allreduces(job, layout) * 2 * ring * rows * job.width * value,
             'pipeline': min(2, layout.pp - 1) * rows * job.width * value}
 
 
-OVERLAP = {'none': 0, 'backward': 2 / 3, 'all': 1}  # share of the compute messages hide behind
+def hidden_seconds(layout, messages, compute):
+    """Data-parallel seconds hidden behind compute. DDP: every bucket but the last (ready only
+    when the backward pass ends), behind the backward pass (2/3 of the compute). FSDP: its
+    messages behind the other layers' compute. ZeRO by hand: nothing."""
+    if layout.overlap == 'backward':
+        return min(sum(messages[:-1]), 2 / 3 * compute)
+    if layout.overlap == 'all':
+        return min(sum(messages), compute)
+    return 0.0
 
 
 def gemm_rate(cluster, rows, width, hidden, value_bytes):
@@ -164,35 +174,49 @@ def link_of(cluster, group, apart):
     return (cluster.link, cluster.host_link or cluster.link)[inside]
 
 
-def dp_steps(job, layout):
-    """Ring steps (one alpha each) of the data-parallel exchange: DDP all-reduces each 25 MB
-    bucket, ZeRO-1 and 2 reduce-scatter and all-gather each tensor, FSDP gathers each layer
-    twice and reduce-scatters it once."""
+def ddp_buckets(job, layout):
+    """Bytes of each gradient bucket DDP all-reduces, in the order they are ready: a first
+    bucket of 1 MiB (DDP's first_bucket_cap), then buckets of up to 25 MiB."""
     grads = job.value_bytes * parameters_per_rank(job, layout)
-    collectives = {0: 2 * math.ceil(grads / 25e6), 1: 2 * tensors_per_rank(job, layout),
-                   2: 2 * tensors_per_rank(job, layout), 3: 3 * job.layers / layout.pp * 2}
-    return (layout.dp - 1) * collectives[layout.zero]
+    first = min(grads, 2**20)
+    n = math.ceil((grads - first) / (25 * 2**20))
+    return [first] + [(grads - first) / max(n, 1)] * n
+
+
+def dp_messages(job, layout):
+    """(count, bytes) of the ring all-reduces the data-parallel exchange costs as much as: DDP
+    one per bucket; ZeRO-1/2 a reduce-scatter and an all-gather (one all-reduce) per tensor;
+    FSDP two gathers and a reduce-scatter (1.5 all-reduces) per matrix, per micro-batch."""
+    if layout.zero == 0:
+        return [(1, b) for b in ddp_buckets(job, layout)]
+    grads = job.value_bytes * parameters_per_rank(job, layout)
+    if layout.zero < 3:
+        return [(tensors_per_rank(job, layout), grads / tensors_per_rank(job, layout))]
+    units = job.matrices * job.layers / layout.pp
+    return [(1.5 * units * layout.m, grads / units)]
 
 
 def step_seconds(job, layout, cluster):
     """One step's seconds by term, and the step: compute, Adam's update, the messages of each
-    kind of parallelism (alpha + n beta), the pipeline's bubble, less what overlap hides."""
-    sent, rows = bytes_sent(job, layout), job.tokens / layout.dp / layout.m
+    kind of parallelism (07's link_model: alpha + n beta), the pipeline's bubble, less what
+    overlap hides."""
+    rows = job.tokens / layout.dp / layout.m
     rate = gemm_rate(cluster, rows, job.width, job.hidden / layout.tp, job.value_bytes)
     t = {'compute': compute_flops(job, layout) / rate}
     updated = parameters_per_rank(job, layout) / (layout.dp if layout.zero else 1)
     t['optimizer'] = 28 * updated / cluster.bandwidth
     (a, b), (ta, tb) = link_of(cluster, layout.dp, layout.tp), link_of(cluster, layout.tp, 1)
-    t['data parallel'] = dp_steps(job, layout) * a + sent['data parallel'] / b
-    t['tensor parallel'] = (tp_allreduces(job, layout) * 2 * (layout.tp - 1) * ta
-                            + sent['tensor parallel'] / tb)
+    messages = [c * link_model(a, b)['ring'](layout.dp, s) for c, s in dp_messages(job, layout)]
+    t['data parallel'] = sum(messages)
+    t['tensor parallel'] = tp_allreduces(job, layout) * layout.m * link_model(ta, tb)['ring'](
+        layout.tp, rows * job.width * job.value_bytes)  # per micro-batch
     pa, pb = link_of(cluster, layout.pp, layout.dp * layout.tp)
     turns, message = layout.m + layout.pp - 1, pa + rows * job.width * job.value_bytes / pb
     t['pipeline'] = ((layout.pp - 1) / layout.m * t['compute'] + 2 * turns * message) * (
         layout.pp > 1)  # nothing without a pipeline
-    hidden = OVERLAP[layout.overlap] * t['compute']
+    hidden = hidden_seconds(layout, messages, t['compute'])
     t['step'] = (t['compute'] + t['optimizer'] + t['tensor parallel'] + t['pipeline']
-                 + max(0.0, t['data parallel'] - hidden))
+                 + t['data parallel'] - hidden)
     return t
 
 
@@ -241,6 +265,9 @@ def measured_layouts(config):
 
 H100_NODES = Cluster(flops=989e12, bandwidth=3.35e12, link=(10e-6, 50e9), memory=80e9,
                      per_host=8, host_link=(5e-6, 450e9))
+MATMUL_SHARE = 783 / 989  # bf16 matmul measured on an H200 (DESIGN.md), of the same peak
+H100_MEASURED = Cluster(flops=989e12 * MATMUL_SHARE, bandwidth=3.35e12, link=(10e-6, 50e9),
+                        memory=80e9, per_host=8, host_link=(5e-6, 450e9))
 
 
 def llama(layers, width, hidden, heads, kv_heads, tokens=512 * 8192, seq=8192, vocab=128256):
@@ -253,6 +280,7 @@ def llama(layers, width, hidden, heads, kv_heads, tokens=512 * 8192, seq=8192, v
 
 
 LLAMA_8B, LLAMA_70B = llama(32, 4096, 14336, 32, 8), llama(80, 8192, 28672, 64, 8)
+LLAMA_405B = llama(126, 16384, 53248, 128, 8, tokens=2048 * 8192)  # 16M tokens a step
 
 
 def candidate_layouts(ranks, per_host, sequences):

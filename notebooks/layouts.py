@@ -61,7 +61,7 @@ class JobConfig:
     timed_steps: int = 3
     lr: float = 1e-3
     seed: int = 0
-    link_sizes: tuple = (4, 2**18, 2**20)  # bytes of the round trips the link is fitted on
+    link_sizes: tuple = (4, 2**20, 2**23)  # bytes of the round trips the link is fitted on
     device: str = 'cpu'
     backend: str = 'gloo'
     collective_timeout: int = 60
@@ -202,9 +202,11 @@ def run_layout(layout, cfg, rank, k, device):
         tik = time.perf_counter()
         if counted:
             sent = tcp_bytes_sent() if dist.get_backend() == 'gloo' else None
+            before = zero.memory_mark(device)  # on a GPU: the peak counter, restarted
             with counter:
                 step(X, y)
             wire = None if sent is None else tcp_bytes_sent() - sent
+            added = zero.memory_added(device, before)  # 0 on a CPU
         else:
             step(X, y)
         helpers.synchronize(device)
@@ -214,7 +216,8 @@ def run_layout(layout, cfg, rank, k, device):
     state, grad_shards = zero.optimizer_tensors(optimizer)
     held = zero.held_bytes(params, [p.grad for p in params] + grad_shards, state)
     return {'step_times': times, 'bytes_sent': counter.bytes, 'collectives': counter.calls,
-            'wire_bytes': wire,
+            'wire_bytes': wire, 'step_added_bytes': added,
+            'step_peak_bytes': None if before is None else before + added,  # a GPU's peak
             'held_bytes': held, 'activation_bytes': meter.peak - meter.base,
             'parameters': sum(local(p).numel() for p in params), 'tensors': len(params)}
 
@@ -293,6 +296,27 @@ def allreduce_alone(nbytes, device, repeats=3):
     return times[1:]
 
 
+def wire_alone(numel, device):
+    """{collective: (bytes this rank put on its TCP sockets, bytes a ring sends)} for one
+    all-gather and one reduce-scatter of numel float32 values per rank, as FSDP calls them,
+    alone; None off gloo or where TCP cannot be read."""
+    k = dist.get_world_size()
+    shard, whole = torch.ones(numel, device=device), torch.ones(numel * k, device=device)
+    if dist.get_backend() != 'gloo' or tcp_bytes_sent() is None:
+        return None
+    gather = getattr(dist, 'all_gather_single', None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, 'reduce_scatter_single', None) or dist.reduce_scatter_tensor
+    out = {}
+    for name, run in (('all-gather', lambda: gather(whole, shard)),
+                      ('reduce-scatter', lambda: scatter(shard, whole))):
+        dist.barrier()
+        start = tcp_bytes_sent()
+        run()
+        dist.barrier()  # the last bytes have left (a barrier adds a few bytes)
+        out[name] = (tcp_bytes_sent() - start, (k - 1) * numel * 4)
+    return out
+
+
 def layout_worker(rank, world_size, cfg):
     """One of k ranks: the link's round trips, every layout, then each term alone."""
     rank, k, device = join(cfg)
@@ -302,5 +326,7 @@ def layout_worker(rank, world_size, cfg):
                             for layout in cfg.layouts}
     psi = sum(p.numel() for p in make_model(cfg).parameters())
     out['allreduce_alone'] = allreduce_alone(4 * psi, device) if k > 1 else []
+    out['small_allreduce_alone'] = allreduce_alone(1024, device, repeats=9) if k > 1 else []
+    out['wire_alone'] = wire_alone(4 * cfg.width * cfg.width // k, device) if k > 1 else None
     dist.barrier()
     return out

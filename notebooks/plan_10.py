@@ -1,6 +1,19 @@
 """Notebook 10: its parameters, declared once and checked, and the job it measures, sized for
 the machine that runs it. The plan builds the worker's config (layouts.JobConfig) and returns
-numbers; the notebook's Markdown says why."""
+numbers; the notebook's Markdown says why.
+
+The sizes. The blocks' width d is a multiple of the ranks (and of 2), so that every layout
+splits every tensor evenly: FSDP and ZeRO shard each weight's rows and each bias, tensor
+parallelism splits 4d hidden units, the mesh does both. The layers are a multiple of the ranks,
+so that each pipeline stage holds as many blocks, and the batch's rows a multiple of the ranks
+and of the micro-batches. On a CPU the sizes keep the whole notebook within its 90 s while each
+layout's step still spends a measurable share on its messages over 1 Gbit/s links; on GPUs
+(nccl, a GPU per rank) the products are large enough to keep each GPU busy for a while.
+
+The estimate. The plan asks the cost model that the notebook teaches (costs.py) how long the
+layouts' steps take at the machine's probed rate, and adds the fixed costs around them. The
+notebook shows where that model falls short on this machine, so the estimate is a floor.
+"""
 import math
 
 import torch
@@ -18,19 +31,18 @@ PARAMETERS = (
     Param('num_gpus', 4, 'processes (ranks) every layout runs on', minimum=2),
     Param('width', None, "the blocks' width d (d -> 4d -> d); None: sized for this machine",
           optional=True),
-    Param('layers', None, 'blocks in the stack; None: the smallest multiple of num_gpus >= 8',
+    Param('layers', None, 'blocks in the stack; None: the least multiple of num_gpus, 8 or more',
           optional=True),
     Param('tokens', None, "rows of a step's global batch; None: sized for this machine",
           optional=True),
     Param('microbatches', None, "the pipeline's micro-batches m; None: 2 x num_gpus",
           optional=True),
-    Param('rate_mbit', 1000, "each emulated host's link, Mbit/s", kind='float'),
+    Param('rate_mbit', 1000, 'Mbit/s per link', kind='float'),
     Param('delay_ms', None, 'added one-way delay of each link, ms; None: none', kind='float',
           minimum=0, optional=True),
     Param('links', 'auto', 'auto: emulated hosts where possible, else loopback', kind='str',
           choices=('auto', 'cluster', 'loopback')),
     Param('timed_steps', 3, 'timed steps per layout (their median counts), after 2 warm-up'),
-    Param('collective_timeout', 60, 'seconds before any collective gives up'),
     Param('worker_timeout', 180, 'seconds before a run of processes is stopped'),
     Param('threads_per_rank', None, 'torch threads in each process; None: cores // processes',
           optional=True),
@@ -42,6 +54,15 @@ WIDTH = {'cpu': 192, 'cuda': 1536}     # d: 4d and d divide by 2, 3, 4 and 6
 TOKENS = {'cpu': 384, 'cuda': 8192}    # rows of the global batch
 MIN_LAYERS = 8
 BUDGET_S = {'cpu': 90, 'cuda': 300}   # the notebook's promise on this kind of machine
+# The notebook's work besides the layouts' steps: the kernel and imports, the probe and the
+# block's rate, the emulated hosts, the figures (about 15 s on 2 cores); a guess on a GPU.
+FIXED_S = {'cpu': 15, 'cuda': 30}
+START_S = 2.0      # one rank's process and process group, per core it shares
+BUILD_S = 0.5      # building a layout on a rank (wrapping, sharding, the pipeline's stages)
+COMPUTE_REPEATS = 3  # layouts.compute_alone: a warm-up and two timed repeats
+PROCESS_BYTES = 400 * 2**20  # torch in each process, on the host
+COPY_BYTES_S = 30e9  # a host's memory, read and written (a GPU's is faster: a floor)
+LINK_BYTES_S = {'cpu': 1e9, 'cuda': 50e9}  # loopback between processes; GPUs in one host
 
 
 def mesh_shape_for(k):
@@ -75,7 +96,7 @@ def links_for(choice, device):
 
 
 def plan_for(machine, num_gpus=4, width=None, layers=None, tokens=None, microbatches=None,
-             timed_steps=3, collective_timeout=60, nccl=True):
+             timed_steps=3, nccl=True):
     """Notebook 10 on `machine`: the worker's config and the layouts it runs."""
     k = num_gpus
     device, backend = placement(machine, k, nccl)
@@ -87,11 +108,33 @@ def plan_for(machine, num_gpus=4, width=None, layers=None, tokens=None, microbat
     tokens = tokens or math.lcm(k, m) * math.ceil(TOKENS[device] / math.lcm(k, m))
     job = JobConfig(ranks=k, width=width, layers=layers, tokens=tokens, microbatches=m,
                     mesh_shape=mesh or (1, k), layouts=layouts_for(k, mesh),
-                    timed_steps=timed_steps, device=device, backend=backend,
-                    collective_timeout=collective_timeout)
-    params = layers * (8 * width**2 + 5 * width)
+                    timed_steps=timed_steps, device=device, backend=backend)
+    seconds, held = estimate(machine, job)
+    on_gpu = device == 'cuda'
     return Plan({'job': job, 'mesh_shape': mesh, 'budget_s': BUDGET_S[machine.kind]},
-                seconds=0.0, host_bytes=int(k * 20 * params))
+                seconds=seconds, device_bytes=int(held) * on_gpu,
+                host_bytes=int(k * PROCESS_BYTES + held * k * (not on_gpu)))
+
+
+def estimate(machine, job):
+    """(seconds, bytes per rank) the notebook needs, by its own cost model: each layout's
+    steps and its compute alone at the machine's rates, its messages at the memory's speed
+    (loopback), the largest memory any layout holds; and the fixed costs around them. The
+    model leaves out what the notebook measures it missing, so this is a floor."""
+    import costs  # imports torch.distributed's pipelining: only when planning
+    k = job.ranks
+    cores = max(1.0, k / machine.host_cores) if job.device == 'cpu' else 1.0
+    flops = (machine.flops if job.device == 'cuda' else machine.host_flops / k)
+    here = costs.Cluster(flops=flops, bandwidth=COPY_BYTES_S / cores,
+                         link=(1e-4, LINK_BYTES_S[job.device]))
+    model, steps = costs.job_of(job), job.warmup_steps + job.timed_steps + 1
+    seconds, held = FIXED_S[job.device] + START_S * k / min(k, machine.host_cores), 0.0
+    for plan in costs.measured_layouts(job).values():
+        t = costs.step_seconds(model, plan, here)
+        seconds += steps * t['step'] + COMPUTE_REPEATS * (t['compute'] + t['optimizer'])
+        seconds += BUILD_S * cores
+        held = max(held, sum(costs.memory(model, plan).values()))
+    return seconds, held
 
 
 def _check(v):
@@ -107,6 +150,17 @@ def _check(v):
             raise ValueError(f'{name}={v[name]} must divide by {by} (num_gpus={k}, m={m})')
 
 
+def _check_memory(plan, machine):
+    """Refuse, by the sizes' names, a job whose largest layout would not fit: on a GPU, its
+    memory; on a CPU, half the host's (the other half for everything else running)."""
+    job = plan['job']
+    limit = machine.memory if job.device == 'cuda' else machine.host_memory / 2
+    needed = plan.device_bytes if job.device == 'cuda' else plan.host_bytes
+    if needed > limit:
+        raise ValueError(f'width={job.width}, layers={job.layers}, tokens={job.tokens}: '
+                         f'{needed / 1e9:.1f} GB/device > {limit / 1e9:.1f} GB')
+
+
 def setup(**given):
     """Notebook 10's setup: torch and every parameter checked, a size that cannot split refused
     by name, then the machine probed and the job planned. Shows what it chose."""
@@ -114,18 +168,19 @@ def setup(**given):
     v = parameters.check(PARAMETERS, given)
     _check(v)
     machine = probe()
-    plan = plan_for(machine, **{k: v[k] for k in ('num_gpus', 'width', 'layers', 'tokens',
-                                                  'microbatches', 'timed_steps',
-                                                  'collective_timeout')},
+    planned = ('num_gpus', 'width', 'layers', 'tokens', 'microbatches', 'timed_steps')
+    plan = plan_for(machine, **{k: v[k] for k in planned},
                     nccl=torch.distributed.is_nccl_available())
+    _check_memory(plan, machine)
     job = plan['job']
     links, why_not = links_for(v['links'], job.device)
     report.table({'job': {'ranks': v['num_gpus'], 'device': job.device, 'backend': job.backend,
                           'links': links, 'width': job.width, 'layers': job.layers,
                           'tokens': job.tokens, 'm': job.microbatches}})
     report.table({'this machine': {'cores': machine.host_cores, 'GPUs': machine.gpus,
-                                   'busy': machine.busy, 'budget': plan['budget_s']}},
-                 units={'busy': '%', 'budget': 's'})
+                                   'busy': machine.busy, 'planned': plan.seconds,
+                                   'budget': plan['budget_s']}},
+                 units={'busy': '%', 'planned': 's', 'budget': 's'})
     sharing = v['num_gpus'] if job.device == 'cpu' else 1  # ranks computing on one device
     return Setup([why_not] if why_not else [], **{**v, 'links': links}, machine=machine,
                  plan=plan, job=job, mesh_shape=plan['mesh_shape'], sharing=sharing)

@@ -1,11 +1,12 @@
-"""Run the multi-device notebooks (05, 06, 08, 09) through papermill over device counts; write a CSV
-table and a figure.
+"""Run the multi-device notebooks (05, 06, 08, 09, 10) through papermill over device counts;
+write a CSV table and a figure.
 
     python scripts/sweep.py --counts 1 2 3 4        (or: make sweep COUNTS="1 2 3 4")
 
-Each run gets num_gpus=N and device_counts=[N], every other parameter at its default (sized for
-this machine). Where the machine has fewer than N GPUs, CPU replicas (05) or CPU processes (06,
-08, 09) stand in for them; the table's `stand_in` column and the printed lines say so.
+Each run gets num_gpus=N (and device_counts=[N] where the notebook takes it; 10 runs from N=2),
+every other parameter at its default (sized for this machine). Where the machine has fewer than
+N GPUs, CPU replicas (05) or CPU processes (06, 08, 09, 10) stand in for them; the table's
+`stand_in` column and the printed lines say so.
 Executed notebooks go to build/sweep/, the table to build/sweep/results.csv, the figure to
 figures/sweep_scaling.png.
 """
@@ -29,7 +30,8 @@ from execute import KERNELS  # noqa: E402  (this script's folder is on sys.path)
 import helpers  # noqa: E402
 
 NOTEBOOKS = ('05_multi_gpu_from_scratch', '06_multi_gpu_concise', '08_sharded_data_parallelism',
-             '09_tensor_and_pipeline_parallelism')
+             '09_tensor_and_pipeline_parallelism', '10_planning_a_training_run')
+MIN_GPUS = {'10_planning_a_training_run': 2}  # 10 compares layouts: one rank has none
 COLUMNS = ['notebook', 'num_gpus', 'gpus_found', 'stand_in', 'seconds_per_epoch',
            'seconds_per_step', 'speedup', 'ideal_speedup', 'test_accuracy',
            'equivalence_max_diff', 'bytes_per_rank', 'bytes_per_rank_vs_ddp', 'run_seconds']
@@ -50,6 +52,10 @@ def measured(name, r, n):
         return {'seconds_per_step': r['mesh_seconds_per_step'][mesh],
                 'equivalence_max_diff': r['mesh_max_diff'], 'bytes_per_rank': held[mesh],
                 'bytes_per_rank_vs_ddp': held[mesh] / held['ddp']}
+    if name.startswith('10'):  # the fastest layout measured, beside DDP
+        held, fastest = r['held_bytes_per_rank'], min(r['step_seconds'], key=r['step_seconds'].get)
+        return {'seconds_per_step': r['step_seconds'][fastest], 'bytes_per_rank': held[fastest],
+                'bytes_per_rank_vs_ddp': held[fastest] / held['ddp']}
     best = min(r['bytes_per_rank'], key=lambda s: r['bytes_per_rank'][s][k])  # 08: ZeRO
     return {'seconds_per_step': r['seconds_per_step'][best][k],
             'bytes_per_rank': r['bytes_per_rank'][best][k],
@@ -62,7 +68,7 @@ def run_one(name, n, out):
     papermill.execute_notebook(
         str(ROOT / 'notebooks' / f'{name}.ipynb'), str(out / f'{name}-gpus{n}.ipynb'),
         parameters={'num_gpus': n, 'results_dir': str(results_dir),
-                    **({} if name.startswith('09') else {'device_counts': [n]})},
+                    **({} if name.startswith(('09', '10')) else {'device_counts': [n]})},
         cwd=str(ROOT / 'notebooks'), progress_bar=False, config=KERNELS)
     r = json.loads((results_dir / f'{name}.json').read_text())['results']
     return {'notebook': name, 'num_gpus': n, 'gpus_found': r['gpus_found'],
@@ -78,7 +84,7 @@ def plot(rows, counts):
             continue
         ns = [r['num_gpus'] for r in mine]
         label = name[:2] + (' (stand-ins)' if any(r['stand_in'] for r in mine) else '')
-        if name.startswith(('08', '09')):
+        if name.startswith(('08', '09', '10')):
             axes[3].plot(ns, [r['bytes_per_rank'] / 1e6 for r in mine], 'o-', label=label)
             continue
         axes[0].plot(ns, [r['seconds_per_epoch'] for r in mine], 'o-', label=label)
@@ -87,7 +93,7 @@ def plot(rows, counts):
     if not all(r['stand_in'] for r in rows):  # an ideal line only where devices are real
         axes[1].plot(counts, [n / counts[0] for n in counts], 'k--', label='ideal')
     titles = ['seconds per epoch', f'speedup over {counts[0]}', 'test accuracy',
-              '08, 09: MB per rank, best sharded layout']
+              '08-10: MB per rank, best sharded layout']
     for ax, title in zip(axes, titles):
         ax.set(xlabel='num_gpus', title=title, xticks=counts)
         if ax.lines:
@@ -108,10 +114,10 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     gpus = helpers.num_gpus()
     print(f'{gpus} GPU(s) here; counts above that run on stand-ins '
-          '(CPU replicas in 05, CPU processes in 06, 08 and 09)')
+          '(CPU replicas in 05, CPU processes in 06, 08, 09 and 10)')
     rows = []
     for name in args.notebooks:
-        for n in counts:
+        for n in (n for n in counts if n >= MIN_GPUS.get(name, 1)):
             row = run_one(name, n, args.out)
             rows.append(row)
             what = (f'{row["seconds_per_epoch"]:.2f} s/epoch, accuracy {row["test_accuracy"]:.3f}'
