@@ -39,7 +39,8 @@ import pipeline_parallel
 import tensor_parallel
 import zero
 from collectives import CollectiveCounter, tcp_bytes_sent
-from meters import SavedActivations, _Saved, join, local
+from meters import SavedActivations, join, local
+from pipeline_parallel import message_seconds
 
 LAYOUTS = ('ddp', 'zero2', 'fsdp', 'tp', '1f1b', 'fsdp_tp')
 LABELS = {'ddp': 'DDP', 'zero2': 'ZeRO-2', 'fsdp': 'FSDP', 'tp': 'TP', '1f1b': '1F1B pipeline',
@@ -99,21 +100,15 @@ class ModuleActivations(SavedActivations):
         super().__init__(module.parameters())
         self.module = module
 
-    def _pack(self, t):
+    def _mine(self, t):
         with torch.no_grad():
             mine = local(t)
             if isinstance(mine, AsyncCollectiveTensor):  # TP's all-reduced output, not waited
                 mine = mine.trigger_wait()
-        address = _address(mine)
-        if address in self.skip | {_address(p) for p in self.module.parameters()}:
-            return t
-        key = (self.round, mine.data_ptr(), mine.numel() * mine.element_size())
-        if key not in self.held:
-            self.held[key] = 0
-            self.live += key[2]
-            self.peak = max(self.peak, self.live)
-        self.held[key] += 1
-        return _Saved(self, t.detach(), key)
+        return mine
+
+    def _skipped(self, mine):
+        return _address(mine) in self.skip | {_address(p) for p in self.module.parameters()}
 
 
 def _address(t):
@@ -263,23 +258,8 @@ def compute_alone(layout, cfg, k, device, repeats=2):
 
 def round_trips(sizes, device, repeats=9):
     """{bytes: seconds}: the median round trip of a message of each size between ranks 0 and 1
-    (the others wait), as notebook 07 measures its links."""
-    out = {}
-    for size in sizes:
-        x, times = torch.zeros(max(1, size // 4), device=device), []
-        for _ in range(repeats + 1):
-            dist.barrier()
-            tik = time.perf_counter()
-            if dist.get_rank() == 0:
-                dist.send(x, 1)
-                dist.recv(x, 1)
-            elif dist.get_rank() == 1:
-                dist.recv(x, 0)
-                dist.send(x, 0)
-            helpers.synchronize(device)
-            times.append(time.perf_counter() - tik)
-        out[size] = sorted(times[1:])[repeats // 2]
-    return out
+    (the others wait), as notebook 07 measures its links: 09's one-way time, doubled."""
+    return {size: 2 * message_seconds(1, max(1, size // 4), device, repeats) for size in sizes}
 
 
 def allreduce_alone(nbytes, device, repeats=3):

@@ -105,10 +105,18 @@ class SavedActivations:
         self.peak = self.base = self.live
         self.round += 1
 
-    def _pack(self, t):
+    def _mine(self, t):
+        """The part of a saved tensor this rank holds (a DTensor's local shard)."""
         with torch.no_grad():
-            mine = local(t)  # a DTensor's part on this rank
-        if mine.untyped_storage().data_ptr() in self.skip:
+            return local(t)
+
+    def _skipped(self, mine):
+        """Whether a saved tensor is not an activation (a parameter)."""
+        return mine.untyped_storage().data_ptr() in self.skip
+
+    def _pack(self, t):
+        mine = self._mine(t)
+        if self._skipped(mine):
             return t
         key = (self.round, mine.data_ptr(), mine.numel() * mine.element_size())
         if key not in self.held:
