@@ -19,8 +19,9 @@ import torch
 @dataclass(frozen=True)
 class Param:
     """One parameter. kind: 'int', 'float', 'str', 'list' (of ints) or 'device'; minimum: the
-    smallest number allowed (ints, floats, list items); choices: the allowed values of a str;
-    optional: None is allowed, and means "choose for this machine"."""
+    smallest number allowed (ints, floats, list items); positive: a float that must be above 0
+    (a learning rate), in place of a minimum; choices: the allowed values of a str; optional:
+    None is allowed, and means "choose for this machine"."""
     name: str
     default: object
     meaning: str
@@ -28,10 +29,13 @@ class Param:
     minimum: float = 1
     choices: tuple = ()
     optional: bool = False
+    positive: bool = False
 
 
 def _number(p, value, where=None):
     where = where or p.name
+    if p.positive:
+        return check_positive(where, value)
     integer = p.kind in ('int', 'list')
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or (not integer and not math.isfinite(value)) \

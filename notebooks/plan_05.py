@@ -19,7 +19,7 @@ PARAMETERS = (
     Param('batch_size', None, 'global minibatch; None: 256, rounded to a multiple of num_gpus',
           optional=True),
     Param('lr', 0.1, "SGD learning rate (the book's is 0.2: see Training)", kind='float',
-          minimum=-float('inf')),
+          positive=True),
     Param('num_epochs', None, "None: for this machine (the book's is 10)", optional=True),
     Param('num_train', None, "training examples; None: for this machine (the book's 60,000)",
           optional=True),
@@ -156,7 +156,6 @@ def _check_sizes(v):
     batch = v['batch_size']
     if batch < k:
         raise ValueError(f'batch_size={batch} < num_gpus={k}')
-    helpers.check_positive('lr', v['lr'])
     v['device_counts'] = sorted(set(v['device_counts'] or [1, k]))
     for count in v['device_counts']:
         if batch < count:

@@ -23,7 +23,7 @@ PARAMETERS = (
     Param('num_gpus', 2, 'k: runs on 1 device are compared with runs on k devices'),
     Param('batch_size', None, 'global minibatch; None: 256 on GPUs (the book), 32 on a CPU',
           optional=True),
-    Param('lr', 0.1, 'SGD learning rate', kind='float', minimum=1e-9),
+    Param('lr', 0.1, 'SGD learning rate', kind='float', positive=True),
     Param('num_epochs', None, 'None: chosen for this machine (book: 10)', optional=True),
     Param('num_train', None, 'training examples; None: chosen here (book: all 60,000)',
           optional=True),

@@ -21,9 +21,9 @@ PARAMETERS = (
     Param('batch_per_rank', 32, 'examples each process trains on per step'),
     Param('timed_steps', 5, 'steps timed per strategy and k (median reported), after 2 warm-up '
           'steps'),
-    Param('lr', 1e-3, "Adam's learning rate", kind='float', minimum=0),
+    Param('lr', 1e-3, "Adam's learning rate", kind='float', positive=True),
     Param('memory_limit_gb', 80, 'memory per rank in the worked solution (an 80 GB GPU)',
-          kind='float', minimum=0),
+          kind='float', positive=True),
     Param('collective_timeout', 60, 'seconds before any collective gives up'),
     Param('worker_timeout', 180, 'seconds before a run of processes is stopped'),
     Param('threads_per_rank', None, 'torch threads in each process; None: cores // k',
@@ -167,8 +167,6 @@ def setup(**given):
     for the float64 check, which always runs on ZERO_EXACT_PROCESSES CPU processes."""
     parameters.check_torch(*MIN_TORCH)
     v = parameters.check(PARAMETERS, given)
-    helpers.check_positive('lr', v['lr'])
-    helpers.check_positive('memory_limit_gb', v['memory_limit_gb'])
     ks = sorted(set(v['device_counts'] or default_counts(v['num_gpus'])))
     machine = probe()
     plan = plan_for(machine, max(ks), ks)

@@ -581,3 +581,18 @@ def test_cores_busy_counts_this_processs_cpu_time_over_the_wall_time():
 def test_environment_names_the_device_in_use():
     assert d2l.environment('cpu')['device'].startswith('CPU (')
     assert d2l.environment()['device'] == d2l.environment(d2l.try_gpu())['device']
+
+
+# ------------------------------------------------------------ declared parameters
+def test_a_declared_parameter_is_checked_by_its_declaration():
+    import parameters
+    lr = parameters.Param('lr', 0.1, 'learning rate', kind='float', positive=True)
+    steps = parameters.Param('steps', 3, 'steps')
+    assert parameters.check((lr, steps), {'lr': 1e-9}) == {'lr': 1e-9, 'steps': 3}
+    for bad in (0, -1.0, True, '0.1'):
+        with pytest.raises(ValueError, match='lr must be a positive number'):
+            parameters.check((lr, steps), {'lr': bad})
+    with pytest.raises(ValueError, match='steps must be an integer >= 1'):
+        parameters.check((lr, steps), {'steps': 0})
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['stpes'\]"):
+        parameters.check((lr, steps), {'stpes': 3})
