@@ -523,24 +523,16 @@ def probe(seconds=0.15):
     other programs take meanwhile; above BUSY_SHARE it measures once more and keeps the faster
     reading, and the Machine says how busy the machine was (`busy`), so a setup can say that
     its sizes came from a busy machine instead of planning from it silently."""
-    readings = []
+    readings = []  # the host again when busy; the GPUs, which others do not share, once
     for _ in range(2):
         with LoadMeter(min_ticks=40) as load:
-            machine = _measure(seconds)
-        readings.append(dataclasses.replace(machine, busy=load.others))
+            host_flops = _host_flops(seconds)
+        readings.append((host_flops, load.others))
         if load.others is None or load.others <= BUSY_SHARE:
             break
-    return max(readings, key=lambda m: m.host_flops)
-
-
-def _measure(seconds):
-    host_flops = _matmul_flops(torch.device('cpu'), 512, seconds)
-    # intra-op threads that wait for a core another program holds can run slower than one
-    with helpers.num_threads(1):
-        single = _matmul_flops(torch.device('cpu'), 512, seconds / 2)
-    host_flops = max(host_flops, single)
+    host_flops, busy = max(readings, key=lambda r: r[0])  # the first of equal readings
     host = dict(host_flops=host_flops, host_memory=_host_memory(),
-                host_cores=os.cpu_count() or 1)
+                host_cores=os.cpu_count() or 1, busy=busy)
     if torch.cuda.is_available():
         rates = []
         with _no_tf32():
@@ -555,6 +547,14 @@ def _measure(seconds):
                        gpu_flops=tuple(r for r, _ in rates), **host)
     return Machine(f'CPU ({os.cpu_count()} cores)', 'cpu', flops=host_flops,
                    memory=host['host_memory'], **host)
+
+
+def _host_flops(seconds):
+    """The host's fp32 matmul rate: all intra-op threads, or one where that is faster (threads
+    that wait for a core another program holds can run slower than one)."""
+    with helpers.num_threads(1):
+        single = _matmul_flops(torch.device('cpu'), 512, seconds / 2)
+    return max(_matmul_flops(torch.device('cpu'), 512, seconds), single)
 
 
 def on_device(machine, device):
