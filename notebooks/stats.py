@@ -118,10 +118,6 @@ class Comparison:
         return _divide(hi, lo)
 
     @property
-    def repeated(self):
-        return len(self.a_values) > 1 and len(self.b_values) > 1
-
-    @property
     def overlap(self):
         """Whether the ranges of the repeats overlap; where only one side has repeats, whether
         the other's single value lies within them (False without repeats on either side)."""
