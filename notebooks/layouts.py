@@ -30,7 +30,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.nn import functional as F
 
@@ -131,20 +130,8 @@ def build(layout, cfg, rank, k, device):
     adam = lambda params: torch.optim.Adam(params, lr=cfg.lr)
     if layout == '1f1b':
         return _pipeline(flat, cfg, rank, k, device, adam)
-    if layout == 'ddp':
-        module = nn.parallel.DistributedDataParallel(
-            flat, device_ids=[device.index] if device.type == 'cuda' else None,
-            gradient_as_bucket_view=True)  # the gradients live in the all-reduce buckets
-        optimizer, share = adam(flat.parameters()), lambda X, y: _split(X, y, rank, k)
-    elif layout == 'zero2':
-        module, optimizer = flat, zero.ZeroAdam(flat, cfg.lr, stage=2)
-        share = lambda X, y: _split(X, y, rank, k)
-    elif layout == 'fsdp':
-        mesh = init_device_mesh(device.type, (k,))
-        for layer in flat:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        module, optimizer = fully_shard(flat, mesh=mesh), adam(flat.parameters())
+    if layout in ('ddp', 'zero2', 'fsdp'):  # notebook 08's strategies, on this stack
+        module, _, optimizer = zero.build(layout, {'lr': cfg.lr}, device, module=flat)
         share = lambda X, y: _split(X, y, rank, k)
     elif layout == 'tp':
         mesh = init_device_mesh(device.type, (k,))

@@ -194,7 +194,7 @@ def compare(a, b, a_name=None, b_name=None, lower_is_better=True, unit='s'):
     if unit == 's':  # a time at or below zero is a subtraction gone wrong, not a measurement
         for name, v in zip(names, values):
             if min(v) <= 0:
-                raise ValueError(f'compare: {name} has a time <= 0, {min(v)!r}')
+                raise ValueError(f'compare: a time <= 0 for {name}: {min(v)!r}')
     return Comparison(names[0], names[1], *values, lower_is_better, unit)
 
 

@@ -193,9 +193,11 @@ def make_model(cfg):
     return nn.Sequential(*layers[:-1]).to(getattr(torch, cfg['dtype']))
 
 
-def build(strategy, cfg, device):
-    """(model to call, module holding the parameters, optimizer) for one strategy."""
-    module = make_model(cfg).to(device)
+def build(strategy, cfg, device, module=None):
+    """(model to call, module holding the parameters, optimizer) for one strategy, of `module`
+    (None: this notebook's model, from cfg; chapter 10 passes its own)."""
+    if module is None:
+        module = make_model(cfg).to(device)
     adam = lambda params: torch.optim.Adam(params, lr=cfg['lr'])
     if strategy in ('ddp', 'torch_zero1'):
         ddp = nn.parallel.DistributedDataParallel(
