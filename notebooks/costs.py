@@ -42,13 +42,15 @@ class Job:
 class Layout:
     """dp data-parallel ranks at ZeRO stage `zero` (3: FSDP), tp ranks per layer, pp stages fed
     m micro-batches (with pp = 1, m steps of gradient accumulation); `overlap`: the compute its
-    data-parallel messages hide behind ('none', 'backward' or 'all')."""
+    data-parallel messages hide behind ('none', 'backward' or 'all'); `reduce_scatter`: what
+    its reduce-scatter of the gradients costs, in a ring's (2: an all-reduce's, as gloo's own)."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
     zero: int = 0
     m: int = 1
     overlap: str = 'none'
+    reduce_scatter: int = 1
 
     @property
     def ranks(self):
@@ -59,13 +61,15 @@ class Layout:
 class Cluster:
     """Each rank's matmul FLOP/s and memory bytes/s (the roofline's roofs) and memory; the
     (alpha s, beta bytes/s) of its link between hosts, and of the link within a host of
-    per_host ranks (None: the same link)."""
+    per_host ranks (None: the same link); `updates`: parameters per second Adam updates, where
+    measured (None: 28 bytes each at the memory's bandwidth)."""
     flops: float
     bandwidth: float
     link: tuple
     memory: float = math.inf
     per_host: int = 1
     host_link: tuple = None
+    updates: float = None
 
 
 STAGES = ('ddp', 'zero1', 'zero2', 'fsdp')  # ZeRO stages 0 to 3, as notebook 08 names them
@@ -126,15 +130,16 @@ def tp_allreduces(job, layout):
 
 
 def bytes_sent(job, layout):
-    """Bytes one rank sends per step by the ring's accounting, by kind of parallelism: the
-    data-parallel exchange (08's paper_sent values per parameter; FSDP gathers and reduces
-    again for each of m micro-batches), tensor parallelism's
-    all-reduces of (rows x width) values, and a middle pipeline stage's activations forward and
-    their gradients back."""
+    """Bytes one rank sends per step, by kind of parallelism: the data-parallel exchange (08's
+    paper_sent values per parameter, the reduce-scatter's share at its cost; FSDP gathers and
+    reduces again for each of m micro-batches), tensor parallelism's all-reduces of
+    (rows x width) values, and a middle pipeline stage's activations forward and their
+    gradients back."""
     rows, ring = job.tokens / layout.dp, (layout.tp - 1) / layout.tp
     value, again = job.value_bytes, layout.m ** (layout.zero == 3)  # FSDP: per micro-batch
-    return {'data parallel': paper_sent(STAGES[layout.zero], layout.dp) * value * again
-            * parameters_per_rank(job, layout),
+    scatter = (layout.reduce_scatter - 1) * (layout.dp - 1) / layout.dp * (layout.zero > 0)
+    return {'data parallel': (paper_sent(STAGES[layout.zero], layout.dp) + scatter) * value
+            * again * parameters_per_rank(job, layout),
             'tensor parallel': tp_allreduces(job, layout) * 2 * ring * rows * job.width * value,
             'pipeline': min(2, layout.pp - 1) * rows * job.width * value}
 
@@ -185,15 +190,17 @@ def ddp_buckets(job, layout):
 
 def dp_messages(job, layout):
     """(count, bytes) of the ring all-reduces the data-parallel exchange costs as much as: DDP
-    one per bucket; ZeRO-1/2 a reduce-scatter and an all-gather (one all-reduce) per tensor;
-    FSDP two gathers and a reduce-scatter (1.5 all-reduces) per matrix, per micro-batch."""
+    one per bucket; ZeRO-1/2 a reduce-scatter and an all-gather per tensor; FSDP two gathers
+    and a reduce-scatter per matrix, per micro-batch; a ring's reduce-scatter or gather being
+    half an all-reduce."""
     if layout.zero == 0:
         return [(1, b) for b in ddp_buckets(job, layout)]
-    grads = job.value_bytes * parameters_per_rank(job, layout)
+    grads, scatter = job.value_bytes * parameters_per_rank(job, layout), layout.reduce_scatter
     if layout.zero < 3:
-        return [(tensors_per_rank(job, layout), grads / tensors_per_rank(job, layout))]
+        tensors = tensors_per_rank(job, layout)
+        return [((1 + scatter) / 2 * tensors, grads / tensors)]
     units = job.matrices * job.layers / layout.pp
-    return [(1.5 * units * layout.m, grads / units)]
+    return [((2 + scatter) / 2 * units * layout.m, grads / units)]
 
 
 def step_seconds(job, layout, cluster):
@@ -204,7 +211,7 @@ def step_seconds(job, layout, cluster):
     rate = gemm_rate(cluster, rows, job.width, job.hidden / layout.tp, job.value_bytes)
     t = {'compute': compute_flops(job, layout) / rate}
     updated = parameters_per_rank(job, layout) / (layout.dp if layout.zero else 1)
-    t['optimizer'] = 28 * updated / cluster.bandwidth
+    t['optimizer'] = updated / (cluster.updates or cluster.bandwidth / 28)
     (a, b), (ta, tb) = link_of(cluster, layout.dp, layout.tp), link_of(cluster, layout.tp, 1)
     messages = [c * link_model(a, b)['ring'](layout.dp, s) for c, s in dp_messages(job, layout)]
     t['data parallel'] = sum(messages)
@@ -254,12 +261,14 @@ def job_of(config):
 
 
 def measured_layouts(config):
-    """The model's description of each layout layouts.layout_worker runs."""
+    """The model's description of each layout layouts.layout_worker runs. FSDP calls the
+    backend's reduce-scatter: gloo's costs an all-reduce (08)."""
     k, (dp, tp) = config.ranks, config.mesh_shape
+    scatter = 2 if config.backend == 'gloo' else 1
     plans = {'ddp': Layout(dp=k, overlap='backward'), 'zero2': Layout(dp=k, zero=2),
-             'fsdp': Layout(dp=k, zero=3, overlap='all'), 'tp': Layout(tp=k),
-             '1f1b': Layout(pp=k, m=config.microbatches),
-             'fsdp_tp': Layout(dp=dp, tp=tp, zero=3, overlap='all')}
+             'fsdp': Layout(dp=k, zero=3, overlap='all', reduce_scatter=scatter),
+             'tp': Layout(tp=k), '1f1b': Layout(pp=k, m=config.microbatches),
+             'fsdp_tp': Layout(dp=dp, tp=tp, zero=3, overlap='all', reduce_scatter=scatter)}
     return {x: plans[x] for x in config.layouts}
 
 

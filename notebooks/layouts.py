@@ -19,8 +19,11 @@ Each layout's last step is counted: collectives.CollectiveCounter adds up the by
 collective sends by the ring's accounting (a pipeline's sends as they are), meters'
 SavedActivations counts what autograd keeps for the backward pass, and zero.held_bytes reads
 the bytes behind the parameters, gradients and optimizer state. Besides the layouts, every
-rank measures two terms of the model alone: its layout's local compute (the same matmuls, no
-message) and, for the link, round trips between ranks 0 and 1 and one all-reduce.
+rank measures terms of the model alone: its layout's local compute (the same matmuls, no
+message), one all-reduce of the gradients, and one all-gather and one reduce-scatter's bytes.
+
+`cluster_worker` measures, before any layout runs, what the model's Cluster describes, with
+every rank at once: the functions notebook 10 saves at the end of this module.
 """
 import time
 from dataclasses import dataclass
@@ -33,7 +36,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.nn import functional as F
 
-import helpers
+import helpers as d2l
 import pipeline_parallel
 import tensor_parallel
 import zero
@@ -179,7 +182,7 @@ def run_layout(layout, cfg, rank, k, device):
         X, y = make_batch(cfg, i, device)
         counted = i == cfg.warmup_steps + cfg.timed_steps
         dist.barrier()
-        helpers.synchronize(device)
+        d2l.synchronize(device)
         meter.reset_peak()
         tik = time.perf_counter()
         if counted:
@@ -191,7 +194,7 @@ def run_layout(layout, cfg, rank, k, device):
             added = zero.memory_added(device, before)  # 0 on a CPU
         else:
             step(X, y)
-        helpers.synchronize(device)
+        d2l.synchronize(device)
         if i >= cfg.warmup_steps and not counted:
             times.append(time.perf_counter() - tik)
     params = list(module.parameters())
@@ -232,13 +235,13 @@ def compute_alone(layout, cfg, k, device, repeats=2):
     times = []
     for _ in range(repeats + 1):
         dist.barrier()
-        helpers.synchronize(device)
+        d2l.synchronize(device)
         tik = time.perf_counter()
         optimizer.zero_grad()
         for part_X, part_y in zip(X.chunk(m), y.chunk(m)):
             F.cross_entropy(model(part_X), part_y).backward()
         optimizer.step()
-        helpers.synchronize(device)
+        d2l.synchronize(device)
         times.append(time.perf_counter() - tik)
     return times[1:]
 
@@ -255,10 +258,10 @@ def allreduce_alone(nbytes, device, repeats=3):
     x, times = torch.zeros(nbytes // 4, device=device), []
     for _ in range(repeats + 1):
         dist.barrier()
-        helpers.synchronize(device)
+        d2l.synchronize(device)
         tik = time.perf_counter()
         dist.all_reduce(x)
-        helpers.synchronize(device)
+        d2l.synchronize(device)
         times.append(time.perf_counter() - tik)
     return times[1:]
 
@@ -284,16 +287,72 @@ def wire_alone(numel, device):
     return out
 
 
-def layout_worker(rank, world_size, cfg):
-    """One of k ranks: the link's round trips, every layout, then each term alone."""
+def cluster_worker(rank, world_size, cfg):
+    """One of k ranks measuring, with every rank at once, what the cost model's Cluster
+    describes: a block's FLOP/s, Adam's parameters per second, a copy's bytes per second, round
+    trips between ranks 0 and 1, and a small all-reduce on every rank."""
     rank, k, device = join(cfg)
-    out = {'round_trips': round_trips(cfg.link_sizes, device) if k > 1 else {}}
-    out['layouts'] = {layout: run_layout(layout, cfg, rank, k, device) for layout in cfg.layouts}
+    out = {'block_flops': block_flops(cfg.width, cfg.tokens // k, device),
+           'adam_updates': adam_updates(cfg.width, device),
+           'copy_bandwidth': copy_bandwidth(device),
+           'round_trips': round_trips(cfg.link_sizes, device),
+           'small_allreduce': allreduce_alone(1024, device, repeats=9)}
+    dist.barrier()
+    return out
+
+
+def layout_worker(rank, world_size, cfg):
+    """One of k ranks: every layout, then each term alone."""
+    rank, k, device = join(cfg)
+    out = {'layouts': {layout: run_layout(layout, cfg, rank, k, device)
+                       for layout in cfg.layouts}}
     out['compute_alone'] = {layout: compute_alone(layout, cfg, k, device)
                             for layout in cfg.layouts}
     psi = sum(p.numel() for p in make_model(cfg).parameters())
-    out['allreduce_alone'] = allreduce_alone(4 * psi, device) if k > 1 else []
-    out['small_allreduce_alone'] = allreduce_alone(1024, device, repeats=9) if k > 1 else []
-    out['wire_alone'] = wire_alone(4 * cfg.width * cfg.width // k, device) if k > 1 else None
+    out['allreduce_alone'] = allreduce_alone(4 * psi, device)
+    out['wire_alone'] = wire_alone(4 * cfg.width * cfg.width // k, device)
     dist.barrier()
     return out
+
+
+# ---- saved from 10_planning_a_training_run.ipynb by make export: edit the notebook
+def runs_per_second(work, device, seconds=0.25):
+    """How often `work` runs per second on this rank while every rank runs its own: back to
+    back from a barrier for `seconds`, after a warm-up run."""
+    work()
+    dist.barrier()
+    d2l.synchronize(device)
+    runs, tik = 0, time.perf_counter()
+    while time.perf_counter() - tik < seconds:
+        work()
+        d2l.synchronize(device)
+        runs += 1
+    return runs / (time.perf_counter() - tik)
+
+
+def block(width):
+    return nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+
+def block_flops(width, rows, device):
+    """FLOP/s of one block's forward and backward pass on `rows` rows, every rank at once."""
+    layer = block(width).to(device)
+    X = torch.randn(rows, width, device=device, requires_grad=True)
+    return 6 * rows * 8 * width**2 * runs_per_second(lambda: layer(X).sum().backward(), device)
+
+
+def adam_updates(width, device):
+    """Parameters per second Adam updates, on one block's four tensors, every rank at once."""
+    layer = block(width).to(device)
+    for p in layer.parameters():
+        p.grad = torch.ones_like(p)
+    adam = torch.optim.Adam(layer.parameters())
+    return sum(p.numel() for p in layer.parameters()) * runs_per_second(adam.step, device)
+
+
+def copy_bandwidth(device, nbytes=2**26):
+    """Bytes/s of a large copy, read once and written once, every rank at once."""
+    a = torch.empty(nbytes // 4, device=device)
+    b = torch.empty_like(a)
+    return 2 * nbytes * runs_per_second(lambda: b.copy_(a), device)
+# ---- end of what 10_planning_a_training_run.ipynb saves

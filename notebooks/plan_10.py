@@ -57,7 +57,9 @@ BUDGET_S = {'cpu': 90, 'cuda': 300}   # the notebook's promise on this kind of m
 # The notebook's work besides the layouts' steps: the kernel and imports, the probe and the
 # block's rate, the emulated hosts, the figures (about 15 s on 2 cores); a guess on a GPU.
 FIXED_S = {'cpu': 15, 'cuda': 30}
-START_S = 2.0      # one rank's process and process group, per core it shares
+START_S = 2.0      # one rank's process and process group, per core it shares (twice: the
+                   # cluster's measurements, then the layouts)
+CALIBRATE_S = 2.0  # layouts.cluster_worker: three rates of 0.25 s, round trips, all-reduces
 BUILD_S = 0.5      # building a layout on a rank (wrapping, sharding, the pipeline's stages)
 COMPUTE_REPEATS = 3  # layouts.compute_alone: a warm-up and two timed repeats
 PROCESS_BYTES = 400 * 2**20  # torch in each process, on the host
@@ -128,7 +130,8 @@ def estimate(machine, job):
     here = costs.Cluster(flops=flops, bandwidth=COPY_BYTES_S / cores,
                          link=(1e-4, LINK_BYTES_S[job.device]))
     model, steps = costs.job_of(job), job.warmup_steps + job.timed_steps + 1
-    seconds, held = FIXED_S[job.device] + START_S * k / min(k, machine.host_cores), 0.0
+    starts = 2 * START_S * k / min(k, machine.host_cores)
+    seconds, held = FIXED_S[job.device] + starts + CALIBRATE_S, 0.0
     for plan in costs.measured_layouts(job).values():
         t = costs.step_seconds(model, plan, here)
         seconds += steps * t['step'] + COMPUTE_REPEATS * (t['compute'] + t['optimizer'])
@@ -181,6 +184,5 @@ def setup(**given):
                                    'busy': machine.busy, 'planned': plan.seconds,
                                    'budget': plan['budget_s']}},
                  units={'busy': '%', 'planned': 's', 'budget': 's'})
-    sharing = v['num_gpus'] if job.device == 'cpu' else 1  # ranks computing on one device
     return Setup([why_not] if why_not else [], **{**v, 'links': links}, machine=machine,
-                 plan=plan, job=job, mesh_shape=plan['mesh_shape'], sharing=sharing)
+                 plan=plan, job=job, mesh_shape=plan['mesh_shape'])
