@@ -64,7 +64,7 @@ class JobConfig:
     timed_steps: int = 3
     lr: float = 1e-3
     seed: int = 0
-    link_sizes: tuple = (4, 2**20, 2**23)  # bytes of the round trips the link is fitted on
+    link_sizes: tuple = (4, 2**20, 2**23)  # bytes of the messages the link is fitted on
     device: str = 'cpu'
     backend: str = 'gloo'
     collective_timeout: int = 60
@@ -177,14 +177,14 @@ def run_layout(layout, cfg, rank, k, device):
     """Warm-up steps, timed steps (each from a barrier: the time every rank took) and one
     counted step. Returns this rank's times, bytes sent, bytes held and activations."""
     module, optimizer, meter, step = build(layout, cfg, rank, k, device)
-    times, counter, wire = [], CollectiveCounter(), None
+    times, cpu, counter, wire = [], [], CollectiveCounter(), None
     for i in range(cfg.warmup_steps + cfg.timed_steps + 1):
         X, y = make_batch(cfg, i, device)
         counted = i == cfg.warmup_steps + cfg.timed_steps
         dist.barrier()
         d2l.synchronize(device)
         meter.reset_peak()
-        tik = time.perf_counter()
+        tik, cpu_tik = time.perf_counter(), time.process_time()
         if counted:
             sent = tcp_bytes_sent() if dist.get_backend() == 'gloo' else None
             before = zero.memory_mark(device)  # on a GPU: the peak counter, restarted
@@ -197,11 +197,12 @@ def run_layout(layout, cfg, rank, k, device):
         d2l.synchronize(device)
         if i >= cfg.warmup_steps and not counted:
             times.append(time.perf_counter() - tik)
+            cpu.append(time.process_time() - cpu_tik)  # this process's threads, gloo's too
     params = list(module.parameters())
     state, grad_shards = zero.optimizer_tensors(optimizer)
     held = zero.held_bytes(params, [p.grad for p in params] + grad_shards, state)
-    return {'step_times': times, 'bytes_sent': counter.bytes, 'collectives': counter.calls,
-            'wire_bytes': wire, 'step_added_bytes': added,
+    return {'step_times': times, 'cpu_times': cpu, 'bytes_sent': counter.bytes,
+            'collectives': counter.calls, 'wire_bytes': wire, 'step_added_bytes': added,
             'step_peak_bytes': None if before is None else before + added,  # a GPU's peak
             'held_bytes': held, 'activation_bytes': meter.peak - meter.base,
             'parameters': sum(local(p).numel() for p in params), 'tensors': len(params)}
@@ -252,20 +253,6 @@ def round_trips(sizes, device, repeats=9):
     return {size: 2 * message_seconds(1, max(1, size // 4), device, repeats) for size in sizes}
 
 
-def allreduce_alone(nbytes, device, repeats=3):
-    """Seconds of one all-reduce of nbytes on every rank, alone: DDP's message, with no
-    compute beside it. The times of `repeats`, after a warm-up."""
-    x, times = torch.zeros(nbytes // 4, device=device), []
-    for _ in range(repeats + 1):
-        dist.barrier()
-        d2l.synchronize(device)
-        tik = time.perf_counter()
-        dist.all_reduce(x)
-        d2l.synchronize(device)
-        times.append(time.perf_counter() - tik)
-    return times[1:]
-
-
 def wire_alone(numel, device):
     """{collective: (bytes this rank put on its TCP sockets, bytes a ring sends)} for one
     all-gather and one reduce-scatter of numel float32 values per rank, as FSDP calls them,
@@ -289,14 +276,15 @@ def wire_alone(numel, device):
 
 def cluster_worker(rank, world_size, cfg):
     """One of k ranks measuring, with every rank at once, what the cost model's Cluster
-    describes: a block's FLOP/s, Adam's parameters per second, a copy's bytes per second, round
-    trips between ranks 0 and 1, and a small all-reduce on every rank."""
+    describes: a block's FLOP/s, Adam's parameters per second, a copy's bytes per second,
+    all-reduces of each of `link_sizes` bytes on every rank, and round trips between ranks 0
+    and 1."""
     rank, k, device = join(cfg)
     out = {'block_flops': block_flops(cfg.width, cfg.tokens // k, device),
            'adam_updates': adam_updates(cfg.width, device),
            'copy_bandwidth': copy_bandwidth(device),
-           'round_trips': round_trips(cfg.link_sizes, device),
-           'small_allreduce': allreduce_alone(1024, device, repeats=9)}
+           'allreduces': {s: allreduce_seconds(s, device) for s in cfg.link_sizes},
+           'round_trips': round_trips(cfg.link_sizes, device)}
     dist.barrier()
     return out
 
@@ -309,7 +297,7 @@ def layout_worker(rank, world_size, cfg):
     out['compute_alone'] = {layout: compute_alone(layout, cfg, k, device)
                             for layout in cfg.layouts}
     psi = sum(p.numel() for p in make_model(cfg).parameters())
-    out['allreduce_alone'] = allreduce_alone(4 * psi, device)
+    out['allreduce_s'] = allreduce_seconds(4 * psi, device)
     out['wire_alone'] = wire_alone(4 * cfg.width * cfg.width // k, device)
     dist.barrier()
     return out
@@ -355,4 +343,21 @@ def copy_bandwidth(device, nbytes=2**26):
     a = torch.empty(nbytes // 4, device=device)
     b = torch.empty_like(a)
     return 2 * nbytes * runs_per_second(lambda: b.copy_(a), device)
+
+
+def allreduce_seconds(nbytes, device, seconds=0.2):
+    """Seconds of an all-reduce of nbytes on every rank, the mean of a run back to back from a
+    barrier, as long as the slowest rank's; as many as a first one says fit in `seconds`."""
+    x = torch.zeros(max(1, nbytes // 4), device=device)
+
+    def mean_of(runs):
+        dist.barrier()
+        tik = time.perf_counter()
+        for _ in range(runs):
+            dist.all_reduce(x)
+        d2l.synchronize(device)
+        took = torch.tensor([time.perf_counter() - tik], device=device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        return took.item() / runs
+    return mean_of(max(3, int(seconds / mean_of(1))))
 # ---- end of what 10_planning_a_training_run.ipynb saves
