@@ -37,7 +37,7 @@ PARAMETERS = (
           optional=True),
     Param('microbatches', None, "the pipeline's micro-batches m; None: 2 x num_gpus",
           optional=True),
-    Param('rate_mbit', 1000, 'Mbit/s per link', kind='float'),
+    Param('rate_mbit', 250, 'Mbit/s per link between emulated hosts', kind='float'),
     Param('delay_ms', None, 'added one-way delay of each link, ms; None: none', kind='float',
           minimum=0, optional=True),
     Param('links', 'auto', 'auto: emulated hosts where possible, else loopback', kind='str',
@@ -98,8 +98,9 @@ def links_for(choice, device):
 
 
 def plan_for(machine, num_gpus=4, width=None, layers=None, tokens=None, microbatches=None,
-             timed_steps=3, nccl=True):
-    """Notebook 10 on `machine`: the worker's config and the layouts it runs."""
+             timed_steps=3, nccl=True, rate_mbit=None):
+    """Notebook 10 on `machine`: the worker's config and the layouts it runs; `rate_mbit`: the
+    emulated hosts' links (None: loopback, or a GPU's own links)."""
     k = num_gpus
     device, backend = placement(machine, k, nccl)
     mesh = mesh_shape_for(k)
@@ -111,14 +112,14 @@ def plan_for(machine, num_gpus=4, width=None, layers=None, tokens=None, microbat
     job = JobConfig(ranks=k, width=width, layers=layers, tokens=tokens, microbatches=m,
                     mesh_shape=mesh or (1, k), layouts=layouts_for(k, mesh),
                     timed_steps=timed_steps, device=device, backend=backend)
-    seconds, held = estimate(machine, job)
+    seconds, held = estimate(machine, job, rate_mbit)
     on_gpu = device == 'cuda'
     return Plan({'job': job, 'mesh_shape': mesh, 'budget_s': BUDGET_S[machine.kind]},
                 seconds=seconds, device_bytes=int(held) * on_gpu,
                 host_bytes=int(k * PROCESS_BYTES + held * k * (not on_gpu)))
 
 
-def estimate(machine, job):
+def estimate(machine, job, rate_mbit=None):
     """(seconds, bytes per rank) the notebook needs, by its own cost model: each layout's
     steps and its compute alone at the machine's rates, its messages at the memory's speed
     (loopback), the largest memory any layout holds; and the fixed costs around them. The
@@ -127,8 +128,8 @@ def estimate(machine, job):
     k = job.ranks
     cores = max(1.0, k / machine.host_cores) if job.device == 'cpu' else 1.0
     flops = (machine.flops if job.device == 'cuda' else machine.host_flops / k)
-    here = costs.Cluster(flops=flops, bandwidth=COPY_BYTES_S / cores,
-                         link=(1e-4, LINK_BYTES_S[job.device]))
+    link = LINK_BYTES_S[job.device] if rate_mbit is None else rate_mbit * 1e6 / 8
+    here = costs.Cluster(flops=flops, bandwidth=COPY_BYTES_S / cores, link=(1e-4, link))
     model, steps = costs.job_of(job), job.warmup_steps + job.timed_steps + 1
     starts = 2 * START_S * k / min(k, machine.host_cores)
     seconds, held = FIXED_S[job.device] + starts + CALIBRATE_S, 0.0
@@ -153,6 +154,18 @@ def _check(v):
             raise ValueError(f'{name}={v[name]} must divide by {by} (num_gpus={k}, m={m})')
 
 
+def _check_delay(delay_ms, links):
+    """Refuse, by name, a delay that no link would carry: loopback has none, and a kernel
+    without netem cannot add one."""
+    if not delay_ms:
+        return
+    if links != 'cluster':
+        raise ValueError(f'delay_ms={delay_ms} needs emulated hosts, but the links are {links}')
+    ok, why = cluster.delay_available()
+    if not ok:
+        raise ValueError(f'delay_ms={delay_ms} asked for, but {why}')
+
+
 def _check_memory(plan, machine):
     """Refuse, by the sizes' names, a job whose largest layout would not fit: on a GPU, its
     memory; on a CPU, half the host's (the other half for everything else running)."""
@@ -171,12 +184,14 @@ def setup(**given):
     v = parameters.check(PARAMETERS, given)
     _check(v)
     machine = probe()
+    nccl = torch.distributed.is_nccl_available()
+    links, why_not = links_for(v['links'], placement(machine, v['num_gpus'], nccl)[0])
+    _check_delay(v['delay_ms'], links)
     planned = ('num_gpus', 'width', 'layers', 'tokens', 'microbatches', 'timed_steps')
-    plan = plan_for(machine, **{k: v[k] for k in planned},
-                    nccl=torch.distributed.is_nccl_available())
+    plan = plan_for(machine, **{k: v[k] for k in planned}, nccl=nccl,
+                    rate_mbit=v['rate_mbit'] if links == 'cluster' else None)
     _check_memory(plan, machine)
     job = plan['job']
-    links, why_not = links_for(v['links'], job.device)
     report.table({'job': {'ranks': v['num_gpus'], 'device': job.device, 'backend': job.backend,
                           'links': links, 'width': job.width, 'layers': job.layers,
                           'tokens': job.tokens, 'm': job.microbatches}})

@@ -151,6 +151,16 @@ def test_notebook_refuses_bad_parameters_by_name(refusal, params, message):
     assert error is not None and re.search(message, error), error
 
 
+def test_a_delay_no_link_would_carry_is_refused_by_name(refusal, monkeypatch):
+    error = refusal(NOTEBOOK, delay_ms=2, links='loopback')
+    assert error is not None and 'delay_ms=2 needs emulated hosts, but the links are loopback' \
+        in error, error
+    monkeypatch.setattr(plan_10, 'links_for', lambda choice, device: ('cluster', None))
+    monkeypatch.setattr(plan_10.cluster, 'delay_available', lambda: (False, 'no netem here'))
+    with pytest.raises(ValueError, match='delay_ms=2 asked for, but no netem here'):
+        plan_10.setup(delay_ms=2)
+
+
 def test_an_older_torch_is_refused_by_name():
     with pytest.raises(RuntimeError, match=r'torch>=2\.10 .*pipelining.*torch 2\.9\.0'):
         parameters.check_torch(*plan_10.MIN_TORCH, installed='2.9.0')
