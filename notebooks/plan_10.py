@@ -1,18 +1,13 @@
 """Notebook 10: its parameters, declared once and checked, and the job it measures, sized for
-the machine that runs it. The plan builds the worker's config (layouts.JobConfig) and returns
-numbers; the notebook's Markdown says why.
+the machine that runs it (the notebook's Markdown says why).
 
-The sizes. The blocks' width d is a multiple of the ranks (and of 2), so that every layout
-splits every tensor evenly: FSDP and ZeRO shard each weight's rows and each bias, tensor
-parallelism splits 4d hidden units, the mesh does both. The layers are a multiple of the ranks,
-so that each pipeline stage holds as many blocks, and the batch's rows a multiple of the ranks
-and of the micro-batches. On a CPU the sizes keep the whole notebook within its 90 s while each
-layout's step still spends a measurable share on its messages over 1 Gbit/s links; on GPUs
-(nccl, a GPU per rank) the products are large enough to keep each GPU busy for a while.
+The sizes. The width d and the layers are multiples of the ranks, the batch's rows of the ranks
+and of the micro-batches, so that every layout splits every tensor, stage and batch evenly. On
+a CPU they keep the notebook within its 90 s; on GPUs (nccl, a GPU per rank) the products are
+large enough to keep each GPU busy for a while.
 
-The estimate. The plan asks the cost model that the notebook teaches (costs.py) how long the
-layouts' steps take at the machine's probed rate, and adds the fixed costs around them. The
-notebook shows where that model falls short on this machine, so the estimate is a floor.
+The estimate: the cost model the notebook teaches (costs.py), at the machine's probed rate and
+the links' rate, plus the fixed costs around the layouts' steps.
 """
 import math
 
@@ -37,7 +32,7 @@ PARAMETERS = (
           optional=True),
     Param('microbatches', None, "the pipeline's micro-batches m; None: 2 x num_gpus",
           optional=True),
-    Param('rate_mbit', 250, 'Mbit/s per link between emulated hosts', kind='float'),
+    Param('rate_mbit', 250, 'Mbit/s per link', kind='float'),
     Param('delay_ms', None, 'added one-way delay of each link, ms; None: none', kind='float',
           minimum=0, optional=True),
     Param('links', 'auto', 'auto: emulated hosts where possible, else loopback', kind='str',
@@ -57,8 +52,7 @@ BUDGET_S = {'cpu': 90, 'cuda': 300}   # the notebook's promise on this kind of m
 # The notebook's work besides the layouts' steps: the kernel and imports, the probe and the
 # block's rate, the emulated hosts, the figures (about 15 s on 2 cores); a guess on a GPU.
 FIXED_S = {'cpu': 15, 'cuda': 30}
-START_S = 2.0      # one rank's process and process group, per core it shares (twice: the
-                   # cluster's measurements, then the layouts)
+START_S = 2.0      # one rank's process and process group, per core it shares; twice
 CALIBRATE_S = 2.0  # layouts.cluster_worker: three rates of 0.25 s, round trips, all-reduces
 BUILD_S = 0.5      # building a layout on a rank (wrapping, sharding, the pipeline's stages)
 COMPUTE_REPEATS = 3  # layouts.compute_alone: a warm-up and two timed repeats
@@ -99,8 +93,8 @@ def links_for(choice, device):
 
 def plan_for(machine, num_gpus=4, width=None, layers=None, tokens=None, microbatches=None,
              timed_steps=3, nccl=True, rate_mbit=None):
-    """Notebook 10 on `machine`: the worker's config and the layouts it runs; `rate_mbit`: the
-    emulated hosts' links (None: loopback, or a GPU's own links)."""
+    """Notebook 10 on `machine`: the worker's config and the layouts it runs over links of
+    `rate_mbit` (None: loopback, or a GPU's own)."""
     k = num_gpus
     device, backend = placement(machine, k, nccl)
     mesh = mesh_shape_for(k)
@@ -155,15 +149,12 @@ def _check(v):
 
 
 def _check_delay(delay_ms, links):
-    """Refuse, by name, a delay that no link would carry: loopback has none, and a kernel
-    without netem cannot add one."""
-    if not delay_ms:
-        return
-    if links != 'cluster':
-        raise ValueError(f'delay_ms={delay_ms} needs emulated hosts, but the links are {links}')
-    ok, why = cluster.delay_available()
-    if not ok:
-        raise ValueError(f'delay_ms={delay_ms} asked for, but {why}')
+    """Refuse, by name, a delay no link would carry (loopback, or a kernel without netem)."""
+    ok, why = (False, f'links={links}') if links != 'cluster' else (True, '')
+    if delay_ms and ok:
+        ok, why = cluster.delay_available()
+    if delay_ms and not ok:
+        raise ValueError(f'delay_ms={delay_ms} needs links that can be delayed, but {why}')
 
 
 def _check_memory(plan, machine):

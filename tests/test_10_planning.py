@@ -153,11 +153,11 @@ def test_notebook_refuses_bad_parameters_by_name(refusal, params, message):
 
 def test_a_delay_no_link_would_carry_is_refused_by_name(refusal, monkeypatch):
     error = refusal(NOTEBOOK, delay_ms=2, links='loopback')
-    assert error is not None and 'delay_ms=2 needs emulated hosts, but the links are loopback' \
-        in error, error
+    assert error is not None and 'delay_ms=2 needs links that can be delayed, but ' \
+        'links=loopback' in error, error
     monkeypatch.setattr(plan_10, 'links_for', lambda choice, device: ('cluster', None))
     monkeypatch.setattr(plan_10.cluster, 'delay_available', lambda: (False, 'no netem here'))
-    with pytest.raises(ValueError, match='delay_ms=2 asked for, but no netem here'):
+    with pytest.raises(ValueError, match='delay_ms=2 needs links .*, but no netem here'):
         plan_10.setup(delay_ms=2)
 
 
