@@ -83,8 +83,9 @@ def layer_parameters(job, tp=1):
 
 
 def parameters_per_rank(job, layout):
-    """Parameters one rank computes with: its stage's layers, its tp share, and on a first or
-    last stage an embedding, before ZeRO-3 shards them over dp."""
+    """Parameters the busiest rank computes with: its stage's layers, its tp share, and an
+    embedding (both without a pipeline; a first or last stage's one with it), before ZeRO-3
+    shards them over dp."""
     embeddings = job.vocab * job.width * (1 + (layout.pp == 1)) / layout.tp
     return job.layers / layout.pp * layer_parameters(job, layout.tp) + embeddings
 
@@ -146,10 +147,10 @@ def bytes_sent(job, layout):
 
 def hidden_seconds(layout, messages, compute):
     """Data-parallel seconds hidden behind compute. DDP: every bucket but the last (ready only
-    when the backward pass ends), behind the backward pass (2/3 of the compute). FSDP: its
-    messages behind the other layers' compute. ZeRO by hand: nothing."""
+    when the backward pass ends), behind the last micro-batch's backward pass (2/3 of its
+    compute). FSDP: its messages behind the compute. ZeRO by hand: nothing."""
     if layout.overlap == 'backward':
-        return min(sum(messages[:-1]), 2 / 3 * compute)
+        return min(sum(messages[:-1]), 2 / 3 * compute / layout.m)
     if layout.overlap == 'all':
         return min(sum(messages), compute)
     return 0.0

@@ -64,7 +64,7 @@ class JobConfig:
     timed_steps: int = 3
     lr: float = 1e-3
     seed: int = 0
-    link_sizes: tuple = (4, 2**20, 2**23)  # bytes of the messages the link is fitted on
+    link_sizes: tuple = (4, 2**19, 2**22)  # bytes of the messages the link is fitted on
     device: str = 'cpu'
     backend: str = 'gloo'
     collective_timeout: int = 60
@@ -247,7 +247,7 @@ def compute_alone(layout, cfg, k, device, repeats=2):
     return times[1:]
 
 
-def round_trips(sizes, device, repeats=9):
+def round_trips(sizes, device, repeats=5):
     """{bytes: seconds}: the median round trip of a message of each size between ranks 0 and 1
     (the others wait), as notebook 07 measures its links: 09's one-way time, doubled."""
     return {size: 2 * message_seconds(1, max(1, size // 4), device, repeats) for size in sizes}
