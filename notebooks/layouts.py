@@ -338,8 +338,10 @@ def adam_updates(width, device):
     return sum(p.numel() for p in layer.parameters()) * runs_per_second(adam.step, device)
 
 
-def copy_bandwidth(device, nbytes=2**26):
-    """Bytes/s of a large copy, read once and written once, every rank at once."""
+def copy_bandwidth(device):
+    """Bytes/s of a large copy, read once and written once, every rank at once: 64 MiB, or on
+    a GPU 256 MiB, long enough that synchronizing after each copy costs little."""
+    nbytes = {'cuda': 2**28}.get(device.type, 2**26)
     a = torch.empty(nbytes // 4, device=device)
     b = torch.empty_like(a)
     return 2 * nbytes * runs_per_second(lambda: b.copy_(a), device)
