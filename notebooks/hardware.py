@@ -23,7 +23,7 @@ import re
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -378,13 +378,6 @@ def diagnose(fresh=False, path=None):
             json.dump({'key': key, 'diagnosis': diagnosis}, f, indent=2)
         os.replace(tmp, path)
     return diagnosis
-
-
-def as_dict(info=None):
-    """cpu_info() as plain JSON-ready values (flags left out: there are hundreds)."""
-    d = asdict(info or cpu_info())
-    d.pop('flags')
-    return d
 
 
 def summary(diagnosis=None):
