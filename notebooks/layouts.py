@@ -60,7 +60,7 @@ class JobConfig:
     microbatches: int = 8
     mesh_shape: tuple = (2, 2)
     layouts: tuple = LAYOUTS
-    warmup_steps: int = 2
+    warmup_steps: int = 1
     timed_steps: int = 3
     lr: float = 1e-3
     seed: int = 0

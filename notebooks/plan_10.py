@@ -37,7 +37,7 @@ PARAMETERS = (
           minimum=0, optional=True),
     Param('links', 'auto', 'auto: emulated hosts where possible, else loopback', kind='str',
           choices=('auto', 'cluster', 'loopback')),
-    Param('timed_steps', 3, 'timed steps per layout (their median counts), after 2 warm-up'),
+    Param('timed_steps', 3, 'timed steps per layout (their median counts), after a warm-up'),
     Param('worker_timeout', 180, 'seconds before a run of processes is stopped'),
     Param('threads_per_rank', None, 'torch threads in each process; None: cores // processes',
           optional=True),
