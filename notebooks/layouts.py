@@ -73,11 +73,7 @@ class JobConfig:
 def make_model(cfg):
     """The stack, flat: Linear(w, 4w), GELU, Linear(4w, w), ... the same on every rank."""
     torch.manual_seed(cfg.seed)
-    layers = []
-    for _ in range(cfg.layers):
-        layers += [nn.Linear(cfg.width, 4 * cfg.width), nn.GELU(),
-                   nn.Linear(4 * cfg.width, cfg.width)]
-    return nn.Sequential(*layers)
+    return nn.Sequential(*[m for _ in range(cfg.layers) for m in block(cfg.width)])
 
 
 def blocks_of(flat):
@@ -226,10 +222,8 @@ def compute_alone(layout, cfg, k, device, repeats=2):
     layout. The median of `repeats` after a warm-up."""
     blocks, hidden, rows, m = local_shape(layout, cfg, k)
     torch.manual_seed(cfg.seed)
-    layers = []
-    for _ in range(blocks):
-        layers += [nn.Linear(cfg.width, hidden), nn.GELU(), nn.Linear(hidden, cfg.width)]
-    model = nn.Sequential(*layers).to(device)
+    model = nn.Sequential(*[m for _ in range(blocks) for m in block(cfg.width, hidden)])
+    model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     X, y = make_batch(cfg, 0, device)
     X, y = X[:rows], y[:rows]
@@ -318,8 +312,10 @@ def runs_per_second(work, device, seconds=0.25):
     return runs / (time.perf_counter() - tik)
 
 
-def block(width):
-    return nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+def block(width, hidden=None):
+    """width -> hidden (4 width unless given) -> width, a GELU between: the stack's block."""
+    hidden = hidden or 4 * width
+    return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
 
 
 def block_flops(width, rows, device):
